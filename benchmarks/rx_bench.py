@@ -1,0 +1,170 @@
+"""RX at scale on one GPU, next to a sorted array (torch.sort + torch.searchsorted) in the same run.
+
+Checks every answer against the sorted array before it reports a time. Prints a table and writes JSON under
+benchmarks/results/<device>/.
+
+    python benchmarks/rx_bench.py --log-keys 26 --log-lookups 27
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch_rtindex  # noqa: E402
+from torch_rtindex import RXIndex  # noqa: E402
+
+
+def timed(fn, repeats=5, warmup=1):
+    """Median milliseconds of `repeats` runs after `warmup`, timed with CUDA events on the current stream."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), out
+
+
+def make_keys(dist: str, n: int, gen: torch.Generator, device) -> torch.Tensor:
+    if dist == "uniform64":
+        return torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen, device=device, dtype=torch.int64)
+    if dist == "uniform32":
+        return torch.randint(0, 2**32, (n,), generator=gen, device=device, dtype=torch.int64)
+    if dist == "dense":
+        return torch.randperm(n, generator=gen, device=device).to(torch.int64)
+    raise ValueError(dist)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:
+        return os.environ.get("RTINDEX_COMMIT", "unknown")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log-keys", type=int, default=26)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
+    ap.add_argument("--range-hits", type=int, default=4, help="range width on dense keys (hits per range)")
+    ap.add_argument("--log-range-lookups", type=int, default=24)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(42)
+    n, q = 1 << args.log_keys, 1 << args.log_lookups
+    info = torch_rtindex.optix_info()
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "commit": git_commit(),
+        "torch": torch.__version__,
+        "optix": info,
+        "params": vars(args),
+        "unix_time": int(time.time()),
+    }
+    rows = []
+
+    keys = make_keys(args.dist, n, gen, dev)
+    queries = keys[torch.randint(0, n, (q,), generator=gen, device=dev)]
+
+    # ---- sorted array baseline: build = sort, lookup = searchsorted + gather
+    def sa_build():
+        return torch.sort(keys)
+
+    sa_build_ms, (sk, perm) = timed(sa_build, repeats=3)
+
+    def sa_lookup():
+        pos = torch.searchsorted(sk, queries)
+        pos_c = pos.clamp(max=n - 1)
+        hit = sk[pos_c] == queries
+        return torch.where(hit, perm[pos_c], -1)
+
+    sa_ms, sa_rows = timed(sa_lookup)
+    rows.append(("SA point lookups", sa_build_ms, (sk.nbytes + perm.nbytes) / 1e9, sa_ms, q / sa_ms / 1e6))
+
+    # ---- RX
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    index = RXIndex(keys)
+    torch.cuda.synchronize()
+    rx_build_ms = (time.perf_counter() - t0) * 1e3
+    peak = (torch.cuda.max_memory_allocated() - base) / 1e9
+    mem = index.memory()
+    rx_ms, res = timed(lambda: index.lookup(queries))
+    wrong = int((res.first_row != sa_rows).sum()) if index.unique_keys else -1
+    if index.unique_keys:
+        assert wrong == 0, f"RX point lookups disagree with the sorted array on {wrong} queries"
+    rows.append(("RX point lookups", rx_build_ms, mem["bvh"] / 1e9, rx_ms, q / rx_ms / 1e6))
+    result.update(
+        sa_build_ms=sa_build_ms, sa_lookup_ms=sa_ms, rx_build_ms=rx_build_ms, rx_lookup_ms=rx_ms,
+        rx_bvh_bytes=mem["bvh"], rx_keys_bytes=mem["keys"], rx_build_peak_gb=peak, rx_unique=index.unique_keys,
+        rx_point_wrong=wrong,
+    )
+
+    # sorted probe keys: the paper's "sorted lookups"
+    sq = torch.sort(queries).values
+    rx_sorted_ms, _ = timed(lambda: index.lookup(sq))
+    sa_sorted_ms, _ = timed(lambda: torch.searchsorted(sk, sq))
+    rows.append(("SA point lookups, sorted probes", float("nan"), float("nan"), sa_sorted_ms, q / sa_sorted_ms / 1e6))
+    rows.append(("RX point lookups, sorted probes", float("nan"), float("nan"), rx_sorted_ms, q / rx_sorted_ms / 1e6))
+    result.update(sa_sorted_lookup_ms=sa_sorted_ms, rx_sorted_lookup_ms=rx_sorted_ms)
+    del index, res
+    torch.cuda.empty_cache()
+
+    # ---- range lookups on dense keys: each range [k, k + hits - 1] holds `hits` keys (fewer at the top)
+    dense = make_keys("dense", n, gen, dev)
+    qr = 1 << args.log_range_lookups
+    lo = dense[torch.randint(0, n, (qr,), generator=gen, device=dev)]
+    hi = lo + (args.range_hits - 1)
+    dindex = RXIndex(dense)
+    rr_ms, rres = timed(lambda: dindex.range_lookup(lo, hi))
+    expected = torch.clamp(hi, max=n - 1) - lo + 1
+    assert torch.equal(rres.count, expected), "RX range counts disagree with the dense reference"
+    dsk = torch.sort(dense).values
+
+    def sa_range():
+        a = torch.searchsorted(dsk, lo)
+        b = torch.searchsorted(dsk, hi, right=True)
+        return b - a
+
+    sar_ms, sar = timed(sa_range)
+    assert torch.equal(sar, expected)
+    rows.append((f"SA range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), sar_ms, qr / sar_ms / 1e6))
+    rows.append((f"RX range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), rr_ms, qr / rr_ms / 1e6))
+    csr_ms, csr = timed(lambda: dindex.range(lo, hi), repeats=3)
+    assert torch.equal(csr.offsets[1:] - csr.offsets[:-1], expected)
+    rows.append((f"RX range lookups ({args.range_hits} hits), CSR rows", float("nan"), float("nan"), csr_ms, qr / csr_ms / 1e6))
+    result.update(range_lookups=qr, sa_range_ms=sar_ms, rx_range_ms=rr_ms, rx_range_csr_ms=csr_ms)
+
+    print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
+    print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups}, range lookups 2^{args.log_range_lookups}")
+    print(f"{'method':44s} {'build ms':>9s} {'size GB':>8s} {'lookup ms':>10s} {'M/s':>8s}")
+    for name, b, s, ms, tput in rows:
+        print(f"{name:44s} {b:9.1f} {s:8.3f} {ms:10.2f} {tput:8.0f}")
+    print(f"RX / SA point lookup time: {rx_ms / sa_ms:.2f}x;  RX build peak {peak:.2f} GB")
+    out = Path(args.out) if args.out else Path(__file__).parent / "results" / result["device"].replace(" ", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+// Argument checks shared by the CPU and CUDA kernels. The Python API validates first and explains; these
+// are the last line, so that a direct torch.ops call with bad arguments raises instead of crashing.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "scene.h"
+
+namespace rtindex {
+
+inline void check_ordered_keys(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 1, name, " must be a 1-D tensor, got ", t.dim(), " dimensions");
+  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must hold ordered keys as int64 (use map_keys), got ",
+              t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* name_a,
+                              const char* name_b) {
+  TORCH_CHECK(a.device() == b.device(), name_a, " is on ", a.device(), " but ", name_b, " is on ", b.device(),
+              "; move both to one device");
+}
+
+inline SceneConfig scene_from_list(at::IntArrayRef scene) {
+  TORCH_CHECK(scene.size() == kSceneConfigLength,
+              "scene must be [bits_x, bits_y, bits_z, scale_y_log2, scale_z_log2], got ", scene.size(),
+              " values");
+  SceneConfig c{};
+  c.bits_x = static_cast<int32_t>(scene[0]);
+  c.bits_y = static_cast<int32_t>(scene[1]);
+  c.bits_z = static_cast<int32_t>(scene[2]);
+  c.scale_y_log2 = static_cast<int32_t>(scene[3]);
+  c.scale_z_log2 = static_cast<int32_t>(scene[4]);
+  const char* err = scene_config_error(c);
+  TORCH_CHECK(err == nullptr, "invalid scene configuration: ", err ? err : "");
+  return c;
+}
+
+// Checks the query arguments of a lookup and returns whether it is a range lookup.
+inline bool check_lookup_args(const at::Tensor& keys, const at::Tensor& lo, const c10::optional<at::Tensor>& hi) {
+  check_ordered_keys(keys, "keys");
+  check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
+  check_same_device(keys, lo, "the index", "the queries");
+  if (!hi.has_value()) return false;
+  check_ordered_keys(*hi, "hi");
+  check_same_device(lo, *hi, "lo", "hi");
+  TORCH_CHECK(lo.numel() == hi->numel(), "lo and hi must have the same length, got ", lo.numel(), " and ",
+              hi->numel());
+  return true;
+}
+
+inline void check_values(const at::Tensor& values, const at::Tensor& keys) {
+  TORCH_CHECK(values.dim() == 1 && values.numel() == keys.numel(),
+              "values must be a 1-D tensor with one value per indexed key (", keys.numel(), "), got shape ",
+              values.sizes());
+  TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
+  check_same_device(values, keys, "values", "the index");
+  const auto t = values.scalar_type();
+  TORCH_CHECK(t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble,
+              "values must be int32, int64, float32 or float64, got ", t);
+}
+
+// Sums of integer columns are int64, sums of floating columns float64.
+inline at::ScalarType sum_dtype(at::ScalarType values) {
+  return at::isFloatingType(values) ? at::kDouble : at::kLong;
+}
+
+}  // namespace rtindex

@@ -1,0 +1,57 @@
+// CPU kernels of the key-mapping operators.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "key_dispatch.h"
+
+namespace rtindex {
+namespace {
+
+at::Tensor map_keys_cpu(const at::Tensor& keys, int64_t key_type) {
+  TORCH_CHECK(keys.dim() == 1, "keys must be a 1-D tensor, got ", keys.dim(), " dimensions");
+  const at::Tensor in = keys.contiguous();
+  at::Tensor out = at::empty({in.numel()}, in.options().dtype(at::kLong));
+  dispatch_key_type(in, key_type, "keys", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    const T* src = static_cast<const T*>(in.data_ptr());
+    uint64_t* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
+    at::parallel_for(0, in.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = ordered_key(src[i], as_unsigned);
+    });
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> map_ranges_cpu(const at::Tensor& lo, const at::Tensor& hi, int64_t key_type) {
+  TORCH_CHECK(lo.dim() == 1 && hi.dim() == 1, "lo and hi must be 1-D tensors");
+  TORCH_CHECK(lo.numel() == hi.numel(), "lo and hi must have the same length, got ", lo.numel(), " and ", hi.numel());
+  TORCH_CHECK(lo.scalar_type() == hi.scalar_type(), "lo and hi must have the same dtype");
+  const at::Tensor l = lo.contiguous(), h = hi.contiguous();
+  at::Tensor out_lo = at::empty({l.numel()}, l.options().dtype(at::kLong));
+  at::Tensor out_hi = at::empty({l.numel()}, l.options().dtype(at::kLong));
+  dispatch_key_type(l, key_type, "range bounds", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    const T* pl = static_cast<const T*>(l.data_ptr());
+    const T* ph = static_cast<const T*>(h.data_ptr());
+    uint64_t* ol = reinterpret_cast<uint64_t*>(out_lo.data_ptr<int64_t>());
+    uint64_t* oh = reinterpret_cast<uint64_t*>(out_hi.data_ptr<int64_t>());
+    at::parallel_for(0, l.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const bool empty = is_nan_value(pl[i]) || is_nan_value(ph[i]);
+        ol[i] = empty ? kEmptyRangeLo : ordered_key(pl[i], as_unsigned);
+        oh[i] = empty ? kEmptyRangeHi : ordered_key(ph[i], as_unsigned);
+      }
+    });
+  });
+  return {out_lo, out_hi};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
+  m.impl("map_keys", &map_keys_cpu);
+  m.impl("map_ranges", &map_ranges_cpu);
+}
+
+}  // namespace rtindex

@@ -1,0 +1,73 @@
+// CUDA kernels of the key-mapping operators (same mapping as keys_cpu.cpp, from csrc/core/keys.h).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "cuda_utils.h"
+#include "key_dispatch.h"
+
+namespace rtindex {
+namespace {
+
+template <typename T>
+__global__ void map_keys_kernel(const T* __restrict__ in, uint64_t* __restrict__ out, int64_t n, bool as_unsigned) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = ordered_key(in[i], as_unsigned);
+}
+
+template <typename T>
+__global__ void map_ranges_kernel(const T* __restrict__ lo, const T* __restrict__ hi, uint64_t* __restrict__ out_lo,
+                                  uint64_t* __restrict__ out_hi, int64_t n, bool as_unsigned) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const bool empty = is_nan_value(lo[i]) || is_nan_value(hi[i]);
+    out_lo[i] = empty ? kEmptyRangeLo : ordered_key(lo[i], as_unsigned);
+    out_hi[i] = empty ? kEmptyRangeHi : ordered_key(hi[i], as_unsigned);
+  }
+}
+
+at::Tensor map_keys_cuda(const at::Tensor& keys, int64_t key_type) {
+  TORCH_CHECK(keys.dim() == 1, "keys must be a 1-D tensor, got ", keys.dim(), " dimensions");
+  const c10::cuda::CUDAGuard guard(keys.device());
+  const at::Tensor in = keys.contiguous();
+  at::Tensor out = at::empty({in.numel()}, in.options().dtype(at::kLong));
+  if (in.numel() == 0) return out;
+  dispatch_key_type(in, key_type, "keys", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    map_keys_kernel<<<grid_for(in.numel()), kBlock, 0, current_stream()>>>(
+        static_cast<const T*>(in.data_ptr()), reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), in.numel(),
+        as_unsigned);
+  });
+  RTX_CHECK_LAUNCH();
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> map_ranges_cuda(const at::Tensor& lo, const at::Tensor& hi, int64_t key_type) {
+  TORCH_CHECK(lo.dim() == 1 && hi.dim() == 1, "lo and hi must be 1-D tensors");
+  TORCH_CHECK(lo.numel() == hi.numel(), "lo and hi must have the same length, got ", lo.numel(), " and ", hi.numel());
+  TORCH_CHECK(lo.scalar_type() == hi.scalar_type(), "lo and hi must have the same dtype");
+  check_same_device(lo, hi, "lo", "hi");
+  const c10::cuda::CUDAGuard guard(lo.device());
+  const at::Tensor l = lo.contiguous(), h = hi.contiguous();
+  at::Tensor out_lo = at::empty({l.numel()}, l.options().dtype(at::kLong));
+  at::Tensor out_hi = at::empty({l.numel()}, l.options().dtype(at::kLong));
+  if (l.numel() == 0) return {out_lo, out_hi};
+  dispatch_key_type(l, key_type, "range bounds", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    map_ranges_kernel<<<grid_for(l.numel()), kBlock, 0, current_stream()>>>(
+        static_cast<const T*>(l.data_ptr()), static_cast<const T*>(h.data_ptr()),
+        reinterpret_cast<uint64_t*>(out_lo.data_ptr<int64_t>()), reinterpret_cast<uint64_t*>(out_hi.data_ptr<int64_t>()),
+        l.numel(), as_unsigned);
+  });
+  RTX_CHECK_LAUNCH();
+  return {out_lo, out_hi};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
+  m.impl("map_keys", &map_keys_cuda);
+  m.impl("map_ranges", &map_ranges_cuda);
+}
+
+}  // namespace rtindex

@@ -1,0 +1,145 @@
+// The geometry shared by every index: how an ordered 64-bit key becomes a point in 3D, the triangle that
+// stands for a key, and the rays a lookup fires. CPU reference, CUDA kernels and OptiX programs all call
+// these functions, and the Embree scene test checks them against an independent ray tracer.
+//
+// Exactness (the reason for every constant below). A key is split into integer parts x, y, z of at most 23
+// bits each; every integer below 2^24 is a float32, and so is every half-integer below 2^23. A part p on an
+// axis with scale 2^s sits at coordinate p * 2^s, and triangle corners and ray ends sit half a slot away,
+// at (p +- 1/2) * 2^s: all exactly representable for every p < 2^23, i.e. for every 64-bit key. Vertices,
+// ray origins and ray extents are therefore exact, and every hit lies at least a quarter slot inside its
+// triangle, so float32 rounding inside a ray/triangle test cannot move a hit across a key boundary.
+#pragma once
+
+#include <cstdint>
+
+#include "keys.h"
+
+namespace rtindex {
+
+struct Vec3 {
+  float x, y, z;
+};
+
+struct Ray {
+  Vec3 origin;
+  Vec3 direction;
+  float tmin, tmax;
+};
+
+// How keys are laid out in the scene. bits_* split the 64 key bits (x takes the lowest); scale_*_log2 are the
+// per-axis scale factors (0 for RX; cgRX's "scaled mapping" stretches y and z so the BVH builder groups
+// along x). Passed through the operator schemas as an int[5] in this order.
+// A plain aggregate (no default member initializers) so that it can sit in OptiX's __constant__ params.
+struct SceneConfig {
+  int32_t bits_x, bits_y, bits_z;
+  int32_t scale_y_log2, scale_z_log2;
+};
+
+constexpr int kSceneConfigLength = 5;
+constexpr int kMaxAxisBits = 23;  // half-integers are exact in float32 only below 2^23
+
+// Returns nullptr when the configuration is valid, otherwise what is wrong with it.
+inline const char* scene_config_error(const SceneConfig& c) {
+  if (c.bits_x < 1 || c.bits_y < 0 || c.bits_z < 0 || c.bits_x > kMaxAxisBits || c.bits_y > kMaxAxisBits ||
+      c.bits_z > kMaxAxisBits)
+    return "each axis takes at most 23 key bits (x at least 1), so that every coordinate is exact in float32";
+  if (c.bits_x + c.bits_y + c.bits_z != 64) return "the three axis bit counts must add up to 64";
+  if (c.scale_y_log2 < 0 || c.scale_z_log2 < 0 || c.scale_y_log2 > 60 || c.scale_z_log2 > 60)
+    return "axis scales are powers of two 2^0 .. 2^60";
+  return nullptr;
+}
+
+struct KeyCoords {
+  uint32_t x, y, z;
+};
+
+RTX_HD uint64_t axis_mask(int bits) { return bits >= 64 ? ~uint64_t(0) : ((uint64_t(1) << bits) - 1); }
+
+RTX_HD KeyCoords key_coords(uint64_t key, const SceneConfig& c) {
+  KeyCoords k;
+  k.x = static_cast<uint32_t>(key & axis_mask(c.bits_x));
+  k.y = static_cast<uint32_t>((key >> c.bits_x) & axis_mask(c.bits_y));
+  k.z = static_cast<uint32_t>(c.bits_x + c.bits_y >= 64 ? 0 : (key >> (c.bits_x + c.bits_y)));
+  return k;
+}
+
+// A "row" is every key that shares y and z: the keys a ray along x can reach.
+RTX_HD uint64_t key_row(uint64_t key, const SceneConfig& c) { return key >> c.bits_x; }
+
+RTX_HD float pow2f(int e) {
+  // ldexpf is not constexpr-friendly on every compiler; powers of two are built from their bits instead.
+  return bit_cast_value<float>(static_cast<uint32_t>(127 + e) << 23);
+}
+
+RTX_HD Vec3 key_position(KeyCoords k, const SceneConfig& c) {
+  return Vec3{static_cast<float>(k.x), static_cast<float>(k.y) * pow2f(c.scale_y_log2),
+              static_cast<float>(k.z) * pow2f(c.scale_z_log2)};
+}
+
+// Half a slot on each axis.
+RTX_HD Vec3 half_slot(const SceneConfig& c) {
+  return Vec3{0.5f, pow2f(c.scale_y_log2 - 1), pow2f(c.scale_z_log2 - 1)};
+}
+
+// The triangle that stands for one key. In slot units around the key's position P it spans
+//   A = P + (-1/2, -1/2, +1/2),  B = P + (+1/2, -1/2, -1/2),  C = P + (0, +1/2, 0),
+// a triangle in the plane (X - x) + (Z - z) = 0 that is tilted against every axis ray it must answer:
+// a ray along +z through (x, y) meets it at P (point lookups), and a ray along +x through (y, z) meets it
+// at P (range lookups). In the plane's own parameters (a along (1,0,-1), b along y) P is (0, 0), at
+// least 0.22 slot from every edge; any other key's triangle is met at |a| >= 1 or |b| >= 1, outside.
+RTX_HD void key_triangle(uint64_t key, const SceneConfig& c, Vec3 out[3]) {
+  const Vec3 p = key_position(key_coords(key, c), c);
+  const Vec3 h = half_slot(c);
+  out[0] = Vec3{p.x - h.x, p.y - h.y, p.z + h.z};
+  out[1] = Vec3{p.x + h.x, p.y - h.y, p.z - h.z};
+  out[2] = Vec3{p.x, p.y + h.y, p.z};
+}
+
+// Point lookup: a short ray along +z through (x, y), from half a slot below the key's plane to half a
+// slot above it (the paper's "perpendicular" ray: it can meet no other slot's triangle).
+RTX_HD Ray point_ray(uint64_t key, const SceneConfig& c) {
+  const Vec3 p = key_position(key_coords(key, c), c);
+  const Vec3 h = half_slot(c);
+  return Ray{Vec3{p.x, p.y, p.z - h.z}, Vec3{0.f, 0.f, 1.f}, 0.f, 2.f * h.z};
+}
+
+// A range lookup [lo, hi] covers one or more rows; in each it covers the x interval [x_first, x_last].
+struct RowSegment {
+  uint64_t row;
+  uint32_t x_first, x_last;
+};
+
+// Number of row segments (= rays) of [lo, hi]; 0 for an empty range (lo > hi). Saturates at UINT64_MAX
+// only for the full key space (2^41 rows with the default split), which callers treat as "too many".
+RTX_HD uint64_t range_segment_count(uint64_t lo, uint64_t hi, const SceneConfig& c) {
+  if (lo > hi) return 0;
+  return key_row(hi, c) - key_row(lo, c) + 1;
+}
+
+RTX_HD RowSegment range_segment(uint64_t lo, uint64_t hi, uint64_t i, const SceneConfig& c) {
+  const uint64_t first_row = key_row(lo, c), last_row = key_row(hi, c);
+  RowSegment s;
+  s.row = first_row + i;
+  s.x_first = s.row == first_row ? static_cast<uint32_t>(lo & axis_mask(c.bits_x)) : 0u;
+  s.x_last = s.row == last_row ? static_cast<uint32_t>(hi & axis_mask(c.bits_x))
+                               : static_cast<uint32_t>(axis_mask(c.bits_x));
+  return s;
+}
+
+// The keys a segment covers, as an ordered-key interval (used by the CPU path, which has no rays).
+RTX_HD uint64_t segment_first_key(const RowSegment& s, const SceneConfig& c) {
+  return (s.row << c.bits_x) | s.x_first;
+}
+RTX_HD uint64_t segment_last_key(const RowSegment& s, const SceneConfig& c) {
+  return (s.row << c.bits_x) | s.x_last;
+}
+
+// Range lookup within one row: a ray along +x at the row's (y, z), from half a slot before x_first to half
+// a slot after x_last ("parallel from offset"). Hits lie at t = x - x_first + 1/2.
+RTX_HD Ray segment_ray(const RowSegment& s, const SceneConfig& c) {
+  const Vec3 p = key_position(key_coords(segment_first_key(s, c), c), c);
+  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f,
+             static_cast<float>(s.x_last - s.x_first) + 1.0f};
+}
+
+}  // namespace rtindex

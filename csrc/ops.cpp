@@ -1,0 +1,68 @@
+// The operator schemas of torch.ops.rtindex, in one place. Kernels live in one file per backend
+// (*_cpu.cpp, *_cuda.cu); fake (meta) kernels for torch.compile live in torch_rtindex/_fake.py.
+//
+// Conventions shared by every schema:
+//   - keys and queries are "ordered keys": uint64 values stored bit for bit in int64 tensors, produced by
+//     map_keys / map_ranges from the user's dtype (csrc/core/keys.h);
+//   - `int[] scene` is a SceneConfig: [bits_x, bits_y, bits_z, scale_y_log2, scale_z_log2];
+//   - row IDs come back as int64; a miss is -1 in `first_row` and 0 in `count`;
+//   - `Tensor? hi`: None means point lookups of `lo`; otherwise inclusive ranges [lo, hi].
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#if RTINDEX_WITH_CUDA
+#include "optix/optix_runtime.h"
+#endif
+
+namespace {
+
+std::vector<int64_t> optix_info(int64_t device) {
+#if RTINDEX_WITH_CUDA
+  return rtindex::optix::device_info(static_cast<int>(device));
+#else
+  (void)device;
+  TORCH_CHECK(false, "torch_rtindex was built without CUDA, so OptiX is not available");
+#endif
+}
+
+void set_program_path(std::string name, std::string path) {
+#if RTINDEX_WITH_CUDA
+  rtindex::optix::set_program_path(name, path);
+#else
+  (void)name;
+  (void)path;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(rtindex, m) {
+  // Key mapping.
+  m.def("map_keys(Tensor keys, int key_type) -> Tensor");
+  m.def("map_ranges(Tensor lo, Tensor hi, int key_type) -> (Tensor, Tensor)");
+
+  // RX: one triangle per key. `structure` is backend specific: on CUDA the compacted OptiX GAS behind a
+  // 128-byte header; on the CPU the keys sorted with their row IDs ([2, n] int64).
+  m.def("rx_build(Tensor keys, int[] scene, bool allow_update) -> Tensor");
+  m.def("rx_refit(Tensor(a!) structure, Tensor keys, int[] scene) -> ()");
+  m.def(
+      "rx_lookup(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
+      "int max_range_rays) -> (Tensor first_row, Tensor count)");
+  m.def(
+      "rx_lookup_csr(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
+      "int max_range_rays) -> (Tensor offsets, Tensor rows)");
+  m.def(
+      "rx_aggregate(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
+      "int max_range_rays, Tensor values) -> (Tensor count, Tensor sum)");
+
+  // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.
+  m.def("scene_triangles(Tensor keys, int[] scene) -> Tensor");
+  m.def("scene_point_rays(Tensor queries, int[] scene) -> Tensor");
+  m.def("scene_range_rays(Tensor lo, Tensor hi, int[] scene, int max_range_rays) -> (Tensor, Tensor)");
+
+  // Runtime facts about the OptiX layer (CUDA builds).
+  m.def("optix_info(int device) -> int[]", &optix_info);
+  m.def("set_program_path(str name, str path) -> ()", &set_program_path);
+}

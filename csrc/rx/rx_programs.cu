@@ -1,0 +1,118 @@
+// RX OptiX programs: one thread per query. Point lookups fire the perpendicular ray of csrc/core/scene.h;
+// range lookups fire one ray per row segment (or scan the keys when a range spans more rows than
+// max_range_rays). Every hit goes through record_hit, whatever program sees it.
+#include "../optix/optix_device_abi.h"
+#include "rx_launch.h"
+
+using namespace rtindex;
+using namespace rtindex::optix_abi;
+
+extern "C" {
+__constant__ RxLaunchParams params;
+}
+
+namespace {
+
+// Per-query state, carried in the ray payload: p0 = matches so far, p1 = smallest row ID, p2/p3 = sum bits.
+struct HitState {
+  unsigned count = 0, first = 0xFFFFFFFFu, sum_lo = 0, sum_hi = 0;
+};
+
+__device__ __forceinline__ void add_value(HitState& s, unsigned row) {
+  unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;
+  switch (static_cast<ValueKind>(params.value_kind)) {
+    case ValueKind::Int64: bits += static_cast<unsigned long long>(static_cast<const int64_t*>(params.values)[row]); break;
+    case ValueKind::Int32: bits += static_cast<unsigned long long>(static_cast<long long>(static_cast<const int32_t*>(params.values)[row])); break;
+    case ValueKind::Float32: bits = __double_as_longlong(__longlong_as_double(bits) + static_cast<const float*>(params.values)[row]); break;
+    case ValueKind::Float64: bits = __double_as_longlong(__longlong_as_double(bits) + static_cast<const double*>(params.values)[row]); break;
+  }
+  s.sum_lo = static_cast<unsigned>(bits);
+  s.sum_hi = static_cast<unsigned>(bits >> 32);
+}
+
+__device__ __forceinline__ void record_hit(HitState& s, unsigned row, unsigned long long q) {
+  const RxMode mode = static_cast<RxMode>(params.mode);
+  if (mode == RxMode::Fill) {
+    const long long at = params.offsets[q] + s.count;
+    if (at < params.offsets[q + 1]) params.rows[at] = row;  // both passes fire the same rays; never past
+  } else if (mode == RxMode::Aggregate) {
+    add_value(s, row);
+  }
+  s.count += 1;
+  s.first = row < s.first ? row : s.first;
+}
+
+__device__ __forceinline__ HitState load_payload() {
+  HitState s;
+  s.count = optixGetPayload_0();
+  s.first = optixGetPayload_1();
+  s.sum_lo = optixGetPayload_2();
+  s.sum_hi = optixGetPayload_3();
+  return s;
+}
+
+__device__ __forceinline__ void store_payload(const HitState& s) {
+  optixSetPayload_0(s.count);
+  optixSetPayload_1(s.first);
+  optixSetPayload_2(s.sum_lo);
+  optixSetPayload_3(s.sum_hi);
+}
+
+__device__ __forceinline__ void trace(const Ray& r, unsigned flags, HitState& s) {
+  optixTrace(params.handle, make_float3(r.origin.x, r.origin.y, r.origin.z),
+             make_float3(r.direction.x, r.direction.y, r.direction.z), r.tmin, r.tmax, 0.0f, kVisibilityAll,
+             flags, 0, 1, 0, s.count, s.first, s.sum_lo, s.sum_hi);
+}
+
+// Duplicates share one place in the scene, so every lookup that may meet several triangles collects them
+// in the any-hit program; a point lookup on unique keys stops at its one hit instead.
+constexpr unsigned kCollectAll = OPTIX_RAY_FLAG_DISABLE_CLOSESTHIT;
+constexpr unsigned kFirstHitOnly = OPTIX_RAY_FLAG_DISABLE_ANYHIT | OPTIX_RAY_FLAG_TERMINATE_ON_FIRST_HIT;
+
+}  // namespace
+
+extern "C" __global__ void __raygen__rx() {
+  const unsigned long long q = params.query_base + optixGetLaunchIndex().x;
+  HitState s;
+  const uint64_t lo = params.lo[q];
+  if (params.hi == nullptr) {
+    trace(point_ray(lo, params.scene), params.unique_keys ? kFirstHitOnly : kCollectAll, s);
+  } else {
+    const uint64_t hi = params.hi[q];
+    const uint64_t segments = range_segment_count(lo, hi, params.scene);
+    if (segments > params.max_range_rays) {
+      for (uint64_t i = 0; i < params.num_keys; ++i) {
+        const uint64_t k = params.keys[i];
+        if (lo <= k && k <= hi) record_hit(s, static_cast<unsigned>(i), q);
+      }
+    } else {
+      for (uint64_t i = 0; i < segments; ++i) trace(segment_ray(range_segment(lo, hi, i, params.scene), params.scene), kCollectAll, s);
+    }
+  }
+  const RxMode mode = static_cast<RxMode>(params.mode);
+  if (mode == RxMode::First) params.first_row[q] = s.count ? static_cast<int64_t>(s.first) : -1;
+  if (mode != RxMode::Fill) params.count[q] = s.count;
+  if (mode == RxMode::Aggregate) {
+    const unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;
+    if (params.value_kind == static_cast<uint32_t>(ValueKind::Float32) ||
+        params.value_kind == static_cast<uint32_t>(ValueKind::Float64))
+      static_cast<double*>(params.sums)[q] = __longlong_as_double(bits);
+    else
+      static_cast<long long*>(params.sums)[q] = static_cast<long long>(bits);
+  }
+}
+
+extern "C" __global__ void __closesthit__rx() {
+  HitState s = load_payload();
+  record_hit(s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
+  store_payload(s);
+}
+
+extern "C" __global__ void __anyhit__rx() {
+  HitState s = load_payload();
+  record_hit(s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
+  store_payload(s);
+  optixIgnoreIntersection();
+}
+
+extern "C" __global__ void __miss__rx() {}

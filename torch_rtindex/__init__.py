@@ -1,0 +1,42 @@
+"""torch_rtindex: GPU database indexes that turn lookups into ray tracing, as PyTorch operators.
+
+    >>> import torch, torch_rtindex
+    >>> index = torch_rtindex.RXIndex(torch.tensor([10, 20, 20, 30]))
+    >>> index.lookup(torch.tensor([20, 25]))
+    Lookup(first_row=tensor([ 1, -1]), count=tensor([2, 0]))
+
+The operators are ``torch.ops.rtindex.*``; the extension is compiled on first use (see _extension.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _extension
+from .results import Aggregate, Lookup, Matches
+from .rx import RXIndex
+from .scene import SceneConfig
+
+__version__ = "0.1.0"
+
+_extension.load()
+from . import _fake  # noqa: E402,F401  (fake kernels need the schemas registered first)
+
+
+def optix_info(device: int | torch.device | None = None) -> dict:
+    """What the OptiX layer sees on a CUDA device: ABI, RT cores, limits."""
+    if isinstance(device, torch.device):
+        device = device.index
+    device = torch.cuda.current_device() if device is None else int(device)
+    abi, rtcore, max_prims, max_sbt, max_depth = torch.ops.rtindex.optix_info(device)
+    return {
+        "abi": abi,
+        "rtcore_version": rtcore,
+        "has_rt_cores": rtcore > 0,
+        "max_primitives_per_gas": max_prims,
+        "max_sbt_records_per_gas": max_sbt,
+        "max_trace_depth": max_depth,
+    }
+
+
+__all__ = ["RXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]

@@ -1,0 +1,69 @@
+"""Fake (meta) kernels: output shapes and dtypes of every operator, for torch.compile and opcheck.
+
+Outputs whose size depends on the data (CSR row lists, a BVH's byte size) get unbacked sizes; compiling
+code that uses them needs ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import register_fake
+
+
+def _dynamic_size() -> torch.SymInt:
+    return torch.library.get_ctx().new_dynamic_size()
+
+
+@register_fake("rtindex::map_keys")
+def _(keys, key_type):
+    return keys.new_empty(keys.shape, dtype=torch.int64)
+
+
+@register_fake("rtindex::map_ranges")
+def _(lo, hi, key_type):
+    return lo.new_empty(lo.shape, dtype=torch.int64), hi.new_empty(hi.shape, dtype=torch.int64)
+
+
+@register_fake("rtindex::rx_build")
+def _(keys, scene, allow_update):
+    if keys.device.type == "cpu":
+        return keys.new_empty((2, keys.shape[0]), dtype=torch.int64)
+    return keys.new_empty((_dynamic_size(),), dtype=torch.uint8)
+
+
+@register_fake("rtindex::rx_refit")
+def _(structure, keys, scene):
+    return None
+
+
+@register_fake("rtindex::rx_lookup")
+def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
+    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
+
+
+@register_fake("rtindex::rx_lookup_csr")
+def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
+    offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
+    return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
+
+
+@register_fake("rtindex::rx_aggregate")
+def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays, values):
+    sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
+    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
+
+
+@register_fake("rtindex::scene_triangles")
+def _(keys, scene):
+    return keys.new_empty((keys.shape[0], 3, 3), dtype=torch.float32)
+
+
+@register_fake("rtindex::scene_point_rays")
+def _(queries, scene):
+    return queries.new_empty((queries.shape[0], 8), dtype=torch.float32)
+
+
+@register_fake("rtindex::scene_range_rays")
+def _(lo, hi, scene, max_range_rays):
+    n = _dynamic_size()
+    return lo.new_empty((n,), dtype=torch.int64), lo.new_empty((n, 8), dtype=torch.float32)
