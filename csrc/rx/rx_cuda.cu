@@ -253,7 +253,7 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
   if (!at_most_one) {
     // Hits arrive in traversal order; sort each query's rows ascending (query in the high bits).
     at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, total);
-    at::Tensor composite = (owner << 32) | rows;
+    at::Tensor composite = owner * (int64_t(1) << 32) + rows;
     rows = std::get<0>(composite.sort()) & 0xFFFFFFFFLL;
   }
   return {offsets, rows};
