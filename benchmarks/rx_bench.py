@@ -50,10 +50,12 @@ def make_keys(dist: str, n: int, gen: torch.Generator, device) -> torch.Tensor:
 
 
 def git_commit() -> str:
+    if os.environ.get("RTINDEX_COMMIT"):  # the device machine gets a copy of the tree without .git
+        return os.environ["RTINDEX_COMMIT"]
     try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("RTINDEX_COMMIT", "unknown")
+        return "unknown"
 
 
 def main() -> None:

@@ -252,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
   const bool at_most_one = unique_keys && !hi.has_value();
   if (!at_most_one) {
     // Hits arrive in traversal order; sort each query's rows ascending (query in the high bits).
-    at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, total);
+    at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, /*dim=*/0, /*output_size=*/total);
     at::Tensor composite = owner * (int64_t(1) << 32) + rows;
     rows = std::get<0>(composite.sort()) & 0xFFFFFFFFLL;
   }
