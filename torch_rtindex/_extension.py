@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -91,6 +92,35 @@ def _sources_digest(paths: list[Path], flags: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+def _cxx_for_build(build_dir: Path) -> str | None:
+    """The C++ compiler to link with, if $CXX must be overridden.
+
+    A compiler set up to link libstdc++ statically (some images wrap g++ that way) gives the extension its
+    own C++ runtime, and the first exception thrown from it (every bad-input error) then crashes the process
+    instead of reaching Python. That is checked once per compiler by linking a probe library.
+    """
+    explicit = os.environ.get("TORCH_RTINDEX_CXX")
+    if explicit:
+        return explicit
+    cxx = os.environ.get("CXX")
+    if not cxx:
+        return None
+    probe_dir = build_dir / "cxx_probe"
+    probe_dir.mkdir(exist_ok=True)
+    src = probe_dir / "probe.cpp"
+    src.write_text("#include <stdexcept>\nvoid rtindex_probe() { throw std::runtime_error(\"x\"); }\n")
+    lib = probe_dir / "probe.so"
+    res = subprocess.run([cxx, "-shared", "-fPIC", str(src), "-o", str(lib)], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    deps = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
+    if "libstdc++" in deps:
+        return None
+    fallback = shutil.which("c++") or shutil.which("g++")
+    _say(f"$CXX={cxx} links libstdc++ statically, which breaks C++ exceptions across torch; using {fallback}")
+    return fallback
+
+
 def _say(msg: str) -> None:
     print(f"torch_rtindex: {msg}", file=sys.stderr, flush=True)
 
@@ -151,17 +181,28 @@ def load() -> dict:
         if previous.get("digest") != digest:
             _say(f"compiling the {tag.upper()} extension in {build_dir} (first use or sources changed; ~1-3 min)")
         start = time.time()
-        cpp_extension.load(
-            name=f"torch_rtindex_{tag}",
-            sources=[str(CSRC / s) for s in sources],
-            extra_cflags=cflags,
-            extra_cuda_cflags=cuda_flags,
-            extra_ldflags=ldflags,
-            extra_include_paths=[str(CSRC)],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=os.environ.get("TORCH_RTINDEX_VERBOSE_BUILD", "") not in ("", "0"),
-        )
+        cxx = _cxx_for_build(build_dir)
+        saved_cxx = os.environ.get("CXX")
+        if cxx:
+            os.environ["CXX"] = cxx
+        try:
+            cpp_extension.load(
+                name=f"torch_rtindex_{tag}",
+                sources=[str(CSRC / s) for s in sources],
+                extra_cflags=cflags,
+                extra_cuda_cflags=cuda_flags,
+                extra_ldflags=ldflags,
+                extra_include_paths=[str(CSRC)],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=os.environ.get("TORCH_RTINDEX_VERBOSE_BUILD", "") not in ("", "0"),
+            )
+        finally:
+            if cxx:
+                if saved_cxx is None:
+                    os.environ.pop("CXX", None)
+                else:
+                    os.environ["CXX"] = saved_cxx
         programs = _compile_optix_programs(build_dir) if with_cuda else {}
         info = {
             "digest": digest,
@@ -173,6 +214,7 @@ def load() -> dict:
             "cflags": cflags,
             "cuda_cflags": cuda_flags,
             "ldflags": ldflags,
+            "cxx": cxx or os.environ.get("CXX") or "c++",
             "optix_programs": {k: str(v) for k, v in programs.items()},
         }
         if previous.get("digest") != digest:
