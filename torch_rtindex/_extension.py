@@ -164,7 +164,10 @@ def load() -> dict:
     build_dir.mkdir(parents=True, exist_ok=True)
 
     sources = _CPU_SOURCES + (_CUDA_SOURCES if with_cuda else [])
-    defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}"]
+    cxx = _cxx_for_build(build_dir)
+    # The linker is part of the build's identity: a changed compiler must rebuild, not reuse, the library.
+    cxx_tag = int(hashlib.sha256((cxx or os.environ.get("CXX", "c++")).encode()).hexdigest()[:7], 16)
+    defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}", f"-DRTINDEX_CXX_TAG={cxx_tag}"]
     cflags = ["-O3", "-std=c++17", *defines]
     cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", *defines, *_cuda_arch_flags()]
     ldflags = ["-ldl"]
@@ -181,7 +184,6 @@ def load() -> dict:
         if previous.get("digest") != digest:
             _say(f"compiling the {tag.upper()} extension in {build_dir} (first use or sources changed; ~1-3 min)")
         start = time.time()
-        cxx = _cxx_for_build(build_dir)
         saved_cxx = os.environ.get("CXX")
         if cxx:
             os.environ["CXX"] = cxx
