@@ -97,7 +97,7 @@ def main() -> None:
         return torch.where(hit, perm[pos_c], -1)
 
     sa_ms, sa_rows = timed(sa_lookup)
-    rows.append(("SA point lookups", sa_build_ms, (sk.nbytes + perm.nbytes) / 1e9, sa_ms, q / sa_ms / 1e6))
+    rows.append(("SA point lookups", sa_build_ms, (sk.nbytes + perm.nbytes) / 1e9, sa_ms, q / sa_ms / 1e3))
 
     # ---- RX
     torch.cuda.synchronize()
@@ -113,7 +113,7 @@ def main() -> None:
     wrong = int((res.first_row != sa_rows).sum()) if index.unique_keys else -1
     if index.unique_keys:
         assert wrong == 0, f"RX point lookups disagree with the sorted array on {wrong} queries"
-    rows.append(("RX point lookups", rx_build_ms, mem["bvh"] / 1e9, rx_ms, q / rx_ms / 1e6))
+    rows.append(("RX point lookups", rx_build_ms, mem["bvh"] / 1e9, rx_ms, q / rx_ms / 1e3))
     result.update(
         sa_build_ms=sa_build_ms, sa_lookup_ms=sa_ms, rx_build_ms=rx_build_ms, rx_lookup_ms=rx_ms,
         rx_bvh_bytes=mem["bvh"], rx_keys_bytes=mem["keys"], rx_build_peak_gb=peak, rx_unique=index.unique_keys,
@@ -124,8 +124,8 @@ def main() -> None:
     sq = torch.sort(queries).values
     rx_sorted_ms, _ = timed(lambda: index.lookup(sq))
     sa_sorted_ms, _ = timed(lambda: torch.searchsorted(sk, sq))
-    rows.append(("SA point lookups, sorted probes", float("nan"), float("nan"), sa_sorted_ms, q / sa_sorted_ms / 1e6))
-    rows.append(("RX point lookups, sorted probes", float("nan"), float("nan"), rx_sorted_ms, q / rx_sorted_ms / 1e6))
+    rows.append(("SA point lookups, sorted probes", float("nan"), float("nan"), sa_sorted_ms, q / sa_sorted_ms / 1e3))
+    rows.append(("RX point lookups, sorted probes", float("nan"), float("nan"), rx_sorted_ms, q / rx_sorted_ms / 1e3))
     result.update(sa_sorted_lookup_ms=sa_sorted_ms, rx_sorted_lookup_ms=rx_sorted_ms)
     del index, res
     torch.cuda.empty_cache()
@@ -148,11 +148,11 @@ def main() -> None:
 
     sar_ms, sar = timed(sa_range)
     assert torch.equal(sar, expected)
-    rows.append((f"SA range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), sar_ms, qr / sar_ms / 1e6))
-    rows.append((f"RX range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), rr_ms, qr / rr_ms / 1e6))
+    rows.append((f"SA range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), sar_ms, qr / sar_ms / 1e3))
+    rows.append((f"RX range lookups ({args.range_hits} hits), count", float("nan"), float("nan"), rr_ms, qr / rr_ms / 1e3))
     csr_ms, csr = timed(lambda: dindex.range(lo, hi), repeats=3)
     assert torch.equal(csr.offsets[1:] - csr.offsets[:-1], expected)
-    rows.append((f"RX range lookups ({args.range_hits} hits), CSR rows", float("nan"), float("nan"), csr_ms, qr / csr_ms / 1e6))
+    rows.append((f"RX range lookups ({args.range_hits} hits), CSR rows", float("nan"), float("nan"), csr_ms, qr / csr_ms / 1e3))
     result.update(range_lookups=qr, sa_range_ms=sar_ms, rx_range_ms=rr_ms, rx_range_csr_ms=csr_ms)
 
     print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
