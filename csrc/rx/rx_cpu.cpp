@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../core/checks.h"
+#include "../core/results_cpu.h"
 #include "../core/scene.h"
 
 namespace rtindex {
@@ -100,66 +101,25 @@ LookupArgs lookup_args(const at::Tensor& structure, const at::Tensor& keys, cons
                     lo.numel(), scene_from_list(scene)};
 }
 
+// The matches of query i of a lookup, for the shared result forms.
+auto matches_of(const LookupArgs& a, int64_t max_range_rays) {
+  return [&a, max_range_rays](int64_t i, auto&& visit) {
+    visit_matches(a.sk, a.lo, a.hi, i, a.cfg, max_range_rays, visit);
+  };
+}
+
 std::tuple<at::Tensor, at::Tensor> rx_lookup_cpu(const at::Tensor& structure, const at::Tensor& keys,
                                                  const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
                                                  at::IntArrayRef scene, bool /*unique_keys*/, int64_t max_range_rays) {
   const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  at::Tensor first = at::empty({a.q}, lo.options());
-  at::Tensor count = at::empty({a.q}, lo.options());
-  int64_t* f = first.data_ptr<int64_t>();
-  int64_t* c = count.data_ptr<int64_t>();
-  at::parallel_for(0, a.q, 1024, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      int64_t best = -1, n = 0;
-      visit_matches(a.sk, a.lo, a.hi, i, a.cfg, max_range_rays, [&](int64_t row) {
-        best = (best < 0 || row < best) ? row : best;
-        ++n;
-      });
-      f[i] = best;
-      c[i] = n;
-    }
-  });
-  return {first, count};
+  return cpu_results::first_and_count(a.q, lo.options(), matches_of(a, max_range_rays));
 }
 
 std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cpu(const at::Tensor& structure, const at::Tensor& keys,
                                                      const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                     at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
+                                                     at::IntArrayRef scene, bool /*unique_keys*/, int64_t max_range_rays) {
   const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  at::Tensor counts = std::get<1>(rx_lookup_cpu(structure, keys, lo, hi, scene, unique_keys, max_range_rays));
-  at::Tensor offsets = at::zeros({a.q + 1}, lo.options());
-  if (a.q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
-  const int64_t* off = offsets.data_ptr<int64_t>();
-  at::Tensor rows = at::empty({off[a.q]}, lo.options());
-  int64_t* r = rows.data_ptr<int64_t>();
-  at::parallel_for(0, a.q, 256, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      int64_t* out = r + off[i];
-      visit_matches(a.sk, a.lo, a.hi, i, a.cfg, max_range_rays, [&](int64_t row) { *out++ = row; });
-      std::sort(r + off[i], out);  // RX reports each query's row IDs in ascending order
-    }
-  });
-  return {offsets, rows};
-}
-
-template <typename scalar_t, typename acc_t>
-void aggregate_into(const LookupArgs& a, int64_t max_range_rays, const at::Tensor& values, at::Tensor& count,
-                    at::Tensor& sum) {
-  const scalar_t* v = values.data_ptr<scalar_t>();
-  int64_t* c = count.data_ptr<int64_t>();
-  acc_t* s = sum.data_ptr<acc_t>();
-  at::parallel_for(0, a.q, 1024, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      acc_t total = 0;
-      int64_t n = 0;
-      visit_matches(a.sk, a.lo, a.hi, i, a.cfg, max_range_rays, [&](int64_t row) {
-        total += static_cast<acc_t>(v[row]);
-        ++n;
-      });
-      c[i] = n;
-      s[i] = total;
-    }
-  });
+  return cpu_results::csr(a.q, lo.options(), /*sort_rows=*/true, matches_of(a, max_range_rays));
 }
 
 std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(const at::Tensor& structure, const at::Tensor& keys,
@@ -168,15 +128,7 @@ std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(const at::Tensor& structure,
                                                     int64_t max_range_rays, const at::Tensor& values) {
   const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
   check_values(values, keys);
-  at::Tensor count = at::empty({a.q}, lo.options());
-  at::Tensor sum = at::empty({a.q}, lo.options().dtype(sum_dtype(values.scalar_type())));
-  switch (values.scalar_type()) {
-    case at::kLong: aggregate_into<int64_t, int64_t>(a, max_range_rays, values, count, sum); break;
-    case at::kInt: aggregate_into<int32_t, int64_t>(a, max_range_rays, values, count, sum); break;
-    case at::kFloat: aggregate_into<float, double>(a, max_range_rays, values, count, sum); break;
-    default: aggregate_into<double, double>(a, max_range_rays, values, count, sum); break;
-  }
-  return {count, sum};
+  return cpu_results::aggregate(a.q, lo.options(), values, matches_of(a, max_range_rays));
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// RX on CUDA: triangles from keys, an OptiX GAS over them (compacted), and lookups as OptiX launches on
+// RX on CUDA: triangles from keys, an OptiX GAS over them (csrc/optix/gas.h), and lookups as OptiX launches on
 // PyTorch's current stream. Lookups neither synchronize nor allocate host memory, except the CSR forms,
 // which must learn their output size.
 #include <ATen/cuda/CUDAContext.h>
@@ -8,13 +8,12 @@
 #include "../core/checks.h"
 #include "../core/cuda_utils.h"
 #include "../core/scene.h"
+#include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
 #include "rx_launch.h"
 
 namespace rtindex {
 namespace {
-
-namespace abi = optix_abi;
 
 const optix::ProgramSet kRxPrograms{"rx", "__raygen__rx", "__miss__rx", "__closesthit__rx", "__anyhit__rx", 4};
 
@@ -27,33 +26,13 @@ __global__ void key_triangles_kernel(const uint64_t* __restrict__ keys, Vec3* __
 // Launch parameters are written by a kernel rather than copied from the host: the values travel as kernel
 // arguments, which CUDA graphs capture by value, and the GAS handle comes straight from the structure header.
 __global__ void write_params_kernel(RxLaunchParams p, RxLaunchParams* out) {
-  const RxStructureHeader* h = p.header;
-  const bool in_place = h->gas_address == reinterpret_cast<uint64_t>(h) + kRxHeaderBytes;
-  p.handle = in_place ? h->handle : 0;  // a copied structure has a stale handle: trace nothing, crash never
+  p.handle = gas_handle(p.header);
   *out = p;
 }
 
-struct BuildInput {
-  abi::CUdeviceptr vertex_buffer;
-  unsigned geometry_flags = abi::OPTIX_GEOMETRY_FLAG_REQUIRE_SINGLE_ANYHIT_CALL;  // exact hit counts
-  abi::OptixBuildInput input{};
-
-  BuildInput(const at::Tensor& vertices, int64_t n) : vertex_buffer(reinterpret_cast<abi::CUdeviceptr>(vertices.data_ptr())) {
-    input.type = abi::OPTIX_BUILD_INPUT_TYPE_TRIANGLES;
-    auto& t = input.triangleArray;
-    t.vertexBuffers = &vertex_buffer;
-    t.numVertices = static_cast<unsigned>(3 * n);
-    t.vertexFormat = abi::OPTIX_VERTEX_FORMAT_FLOAT3;
-    t.vertexStrideInBytes = sizeof(Vec3);
-    t.indexFormat = abi::OPTIX_INDICES_FORMAT_NONE;
-    t.flags = &geometry_flags;
-    t.numSbtRecords = 1;
-  }
-  BuildInput(const BuildInput&) = delete;
-};
-
 at::Tensor make_vertices(const at::Tensor& keys, const SceneConfig& c) {
   at::Tensor vertices = at::empty({keys.numel() * 9}, keys.options().dtype(at::kFloat));
+  if (keys.numel() == 0) return vertices;
   key_triangles_kernel<<<grid_for(keys.numel()), kBlock, 0, current_stream()>>>(
       reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()), reinterpret_cast<Vec3*>(vertices.data_ptr<float>()),
       keys.numel(), c);
@@ -61,112 +40,18 @@ at::Tensor make_vertices(const at::Tensor& keys, const SceneConfig& c) {
   return vertices;
 }
 
-void write_header(at::Tensor& structure, const RxStructureHeader& h) {
-  C10_CUDA_CHECK(cudaMemcpyAsync(structure.data_ptr(), &h, sizeof(h), cudaMemcpyHostToDevice, current_stream()));
-  C10_CUDA_CHECK(cudaStreamSynchronize(current_stream()));  // h lives on this stack frame
-}
-
-RxStructureHeader read_header(const at::Tensor& structure) {
-  TORCH_CHECK(structure.dim() == 1 && structure.scalar_type() == at::kByte && structure.numel() >= kRxHeaderBytes,
-              "not a CUDA RX structure (expected the uint8 tensor rx_build returned on CUDA)");
-  RxStructureHeader h;
-  C10_CUDA_CHECK(cudaMemcpyAsync(&h, structure.data_ptr(), sizeof(h), cudaMemcpyDeviceToHost, current_stream()));
-  C10_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
-  return h;
-}
-
 at::Tensor rx_build_cuda(const at::Tensor& keys, at::IntArrayRef scene, bool allow_update) {
   check_ordered_keys(keys, "keys");
   const SceneConfig c = scene_from_list(scene);
   const c10::cuda::CUDAGuard guard(keys.device());
-  const int device = keys.device().index();
-  const int64_t n = keys.numel();
-  const auto u8 = keys.options().dtype(at::kByte);
-  RxStructureHeader header{0, 0, static_cast<uint64_t>(n), 0, allow_update ? 1u : 0u};
-  if (n == 0) {  // OptiX builds no empty GAS; lookups on an empty index answer without tracing
-    at::Tensor structure = at::empty({kRxHeaderBytes}, u8);
-    write_header(structure, header);
-    return structure;
-  }
-  const int64_t max_primitives = optix::device_info(device)[2];
-  TORCH_CHECK(n <= max_primitives, "RX puts all keys into one OptiX GAS, which holds at most ", max_primitives,
-              " primitives on this device; got ", n, " keys. Split the keys over several indexes.");
-
-  abi::OptixDeviceContext ctx = optix::device_context(device);
-  const auto& o = optix::api();
-  at::Tensor vertices = make_vertices(keys, c);
-  BuildInput in(vertices, n);
-  abi::OptixAccelBuildOptions options{};
-  // The paper's choice: compaction for the static index; refit needs ALLOW_UPDATE and skips compaction.
-  options.buildFlags = abi::OPTIX_BUILD_FLAG_PREFER_FAST_TRACE |
-                       (allow_update ? abi::OPTIX_BUILD_FLAG_ALLOW_UPDATE : abi::OPTIX_BUILD_FLAG_ALLOW_COMPACTION);
-  options.operation = abi::OPTIX_BUILD_OPERATION_BUILD;
-  abi::OptixAccelBufferSizes sizes{};
-  optix::check(o.optixAccelComputeMemoryUsage(ctx, &options, &in.input, 1, &sizes), "optixAccelComputeMemoryUsage");
-
-  at::Tensor temp = at::empty({static_cast<int64_t>(sizes.tempSizeInBytes)}, u8);
-  const auto stream = reinterpret_cast<abi::CUstream>(current_stream());
-  auto ptr = [](const at::Tensor& t, int64_t offset = 0) {
-    return reinterpret_cast<abi::CUdeviceptr>(static_cast<char*>(t.data_ptr()) + offset);
-  };
-  abi::OptixTraversableHandle handle = 0;
-  at::Tensor structure;
-  if (allow_update) {
-    structure = at::empty({kRxHeaderBytes + static_cast<int64_t>(sizes.outputSizeInBytes)}, u8);
-    optix::check(o.optixAccelBuild(ctx, stream, &options, &in.input, 1, ptr(temp), sizes.tempSizeInBytes,
-                                   ptr(structure, kRxHeaderBytes), sizes.outputSizeInBytes, &handle, nullptr, 0),
-                 "optixAccelBuild");
-    header.gas_bytes = sizes.outputSizeInBytes;
-  } else {
-    at::Tensor uncompacted = at::empty({static_cast<int64_t>(sizes.outputSizeInBytes)}, u8);
-    at::Tensor compacted_size = at::empty({1}, keys.options());
-    abi::OptixAccelEmitDesc emit{ptr(compacted_size), abi::OPTIX_PROPERTY_TYPE_COMPACTED_SIZE};
-    optix::check(o.optixAccelBuild(ctx, stream, &options, &in.input, 1, ptr(temp), sizes.tempSizeInBytes,
-                                   ptr(uncompacted), sizes.outputSizeInBytes, &handle, &emit, 1),
-                 "optixAccelBuild");
-    temp.reset();
-    vertices.reset();  // the GAS holds its own copy of the triangles
-    const int64_t bytes = compacted_size.item<int64_t>();  // the one host sync of a build
-    structure = at::empty({kRxHeaderBytes + bytes}, u8);
-    optix::check(o.optixAccelCompact(ctx, stream, handle, ptr(structure, kRxHeaderBytes), bytes, &handle),
-                 "optixAccelCompact");
-    header.gas_bytes = bytes;
-  }
-  header.handle = handle;
-  header.gas_address = ptr(structure, kRxHeaderBytes);
-  write_header(structure, header);
-  return structure;
+  return gas::build(make_vertices(keys, c), keys.numel(), allow_update);
 }
 
 void rx_refit_cuda(at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef scene) {
   check_ordered_keys(keys, "keys");
   const SceneConfig c = scene_from_list(scene);
   const c10::cuda::CUDAGuard guard(keys.device());
-  RxStructureHeader header = read_header(structure);
-  TORCH_CHECK(header.updatable, "refit needs a structure built with allow_update=True");
-  TORCH_CHECK(header.num_keys == static_cast<uint64_t>(keys.numel()), "refit keeps the number of keys: the index has ",
-              header.num_keys, ", the new keys ", keys.numel());
-  TORCH_CHECK(header.gas_address == reinterpret_cast<uint64_t>(structure.data_ptr()) + kRxHeaderBytes,
-              "this RX structure was moved or copied; rebuild it instead of refitting");
-  if (keys.numel() == 0) return;
-  const auto& o = optix::api();
-  abi::OptixDeviceContext ctx = optix::device_context(keys.device().index());
-  at::Tensor vertices = make_vertices(keys, c);
-  BuildInput in(vertices, keys.numel());
-  abi::OptixAccelBuildOptions options{};
-  options.buildFlags = abi::OPTIX_BUILD_FLAG_PREFER_FAST_TRACE | abi::OPTIX_BUILD_FLAG_ALLOW_UPDATE;
-  options.operation = abi::OPTIX_BUILD_OPERATION_UPDATE;
-  abi::OptixAccelBufferSizes sizes{};
-  optix::check(o.optixAccelComputeMemoryUsage(ctx, &options, &in.input, 1, &sizes), "optixAccelComputeMemoryUsage");
-  at::Tensor temp = at::empty({static_cast<int64_t>(std::max<size_t>(sizes.tempUpdateSizeInBytes, 8))},
-                              keys.options().dtype(at::kByte));
-  abi::OptixTraversableHandle handle = header.handle;
-  optix::check(o.optixAccelBuild(ctx, reinterpret_cast<abi::CUstream>(current_stream()), &options, &in.input, 1,
-                                 reinterpret_cast<abi::CUdeviceptr>(temp.data_ptr()), sizes.tempUpdateSizeInBytes,
-                                 header.gas_address, header.gas_bytes, &handle, nullptr, 0),
-               "optixAccelBuild (update)");
-  header.handle = handle;
-  write_header(structure, header);
+  gas::refit(structure, make_vertices(keys, c), keys.numel());
 }
 
 // The parts of a launch every result form shares.
@@ -179,12 +64,11 @@ struct Launch {
          at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
     const bool is_range = check_lookup_args(keys, lo, hi);
     check_same_device(structure, keys, "the structure", "the keys");
-    TORCH_CHECK(structure.dim() == 1 && structure.scalar_type() == at::kByte && structure.numel() >= kRxHeaderBytes,
-                "not a CUDA RX structure (expected the uint8 tensor rx_build returned on CUDA)");
+    gas::check_structure(structure);
     TORCH_CHECK(max_range_rays >= 1, "max_range_rays must be at least 1");
     device = keys.device().index();
     q = lo.numel();
-    p.header = reinterpret_cast<const RxStructureHeader*>(structure.data_ptr());
+    p.header = reinterpret_cast<const GasHeader*>(structure.data_ptr());
     p.keys = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
     p.num_keys = static_cast<uint64_t>(keys.numel());
     p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());

@@ -5,19 +5,9 @@
 #include <cstdint>
 
 #include "../core/scene.h"
+#include "../optix/gas_header.h"
 
 namespace rtindex {
-
-// The first kRxHeaderBytes of a CUDA RX structure tensor; the compacted GAS follows (128-byte aligned, as
-// OptiX requires, because the caching allocator hands out 512-byte aligned blocks).
-struct RxStructureHeader {
-  uint64_t handle;       // OptixTraversableHandle of the GAS
-  uint64_t gas_address;  // device address the handle was made for: a moved or copied tensor is detected
-  uint64_t num_keys;
-  uint64_t gas_bytes;
-  uint64_t updatable;
-};
-constexpr int64_t kRxHeaderBytes = 128;
 
 // What each lookup thread produces.
 enum class RxMode : uint32_t {
@@ -31,7 +21,7 @@ enum class ValueKind : uint32_t { Int64 = 0, Int32 = 1, Float32 = 2, Float64 = 3
 
 struct RxLaunchParams {
   uint64_t handle;  // filled on the device from the structure header (no host sync)
-  const RxStructureHeader* header;
+  const GasHeader* header;
   const uint64_t* keys;  // ordered keys by row ID, for ranges too wide to trace row by row
   uint64_t num_keys;
   const uint64_t* lo;  // ordered query keys, or range lower bounds

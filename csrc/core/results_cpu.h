@@ -1,0 +1,88 @@
+// The three result forms of every index on the CPU, written once over a "visit the matches of query i"
+// function: (first row, count), CSR of all rows (ascending per query unless the index orders them), and
+// (count, sum of a value column).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "checks.h"
+
+namespace rtindex::cpu_results {
+
+// ForEach: void(int64_t query, Visit) where Visit is called with every matching row ID.
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> first_and_count(int64_t q, const at::TensorOptions& opts, ForEach&& for_each) {
+  at::Tensor first = at::empty({q}, opts);
+  at::Tensor count = at::empty({q}, opts);
+  int64_t* f = first.data_ptr<int64_t>();
+  int64_t* c = count.data_ptr<int64_t>();
+  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int64_t best = -1, n = 0;
+      for_each(i, [&](int64_t row) {
+        best = (best < 0 || row < best) ? row : best;
+        ++n;
+      });
+      f[i] = best;
+      c[i] = n;
+    }
+  });
+  return {first, count};
+}
+
+// sort_rows: whether each query's rows are sorted ascending (RX) or kept in visit order (cgRX: key order).
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each) {
+  at::Tensor counts = std::get<1>(first_and_count(q, opts, for_each));
+  at::Tensor offsets = at::zeros({q + 1}, opts);
+  if (q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
+  const int64_t* off = offsets.data_ptr<int64_t>();
+  at::Tensor rows = at::empty({off[q]}, opts);
+  int64_t* r = rows.data_ptr<int64_t>();
+  at::parallel_for(0, q, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      int64_t* out = r + off[i];
+      for_each(i, [&](int64_t row) { *out++ = row; });
+      if (sort_rows) std::sort(r + off[i], out);
+    }
+  });
+  return {offsets, rows};
+}
+
+template <typename scalar_t, typename acc_t, typename ForEach>
+void aggregate_into(int64_t q, const at::Tensor& values, at::Tensor& count, at::Tensor& sum, ForEach&& for_each) {
+  const scalar_t* v = values.data_ptr<scalar_t>();
+  int64_t* c = count.data_ptr<int64_t>();
+  acc_t* s = sum.data_ptr<acc_t>();
+  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      acc_t total = 0;
+      int64_t n = 0;
+      for_each(i, [&](int64_t row) {
+        total += static_cast<acc_t>(v[row]);
+        ++n;
+      });
+      c[i] = n;
+      s[i] = total;
+    }
+  });
+}
+
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> aggregate(int64_t q, const at::TensorOptions& opts, const at::Tensor& values,
+                                             ForEach&& for_each) {
+  at::Tensor count = at::empty({q}, opts);
+  at::Tensor sum = at::empty({q}, opts.dtype(sum_dtype(values.scalar_type())));
+  switch (values.scalar_type()) {
+    case at::kLong: aggregate_into<int64_t, int64_t>(q, values, count, sum, for_each); break;
+    case at::kInt: aggregate_into<int32_t, int64_t>(q, values, count, sum, for_each); break;
+    case at::kFloat: aggregate_into<float, double>(q, values, count, sum, for_each); break;
+    default: aggregate_into<double, double>(q, values, count, sum, for_each); break;
+  }
+  return {count, sum};
+}
+
+}  // namespace rtindex::cpu_results
