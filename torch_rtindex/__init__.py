@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _extension
+from .cgrx import CgRXIndex
 from .results import Aggregate, Lookup, Matches
 from .rx import RXIndex
 from .scene import SceneConfig
@@ -39,4 +40,4 @@ def optix_info(device: int | torch.device | None = None) -> dict:
     }
 
 
-__all__ = ["RXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
+__all__ = ["RXIndex", "CgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]

@@ -67,3 +67,42 @@ def _(queries, scene):
 def _(lo, hi, scene, max_range_rays):
     n = _dynamic_size()
     return lo.new_empty((n,), dtype=torch.int64), lo.new_empty((n, 8), dtype=torch.float32)
+
+
+@register_fake("rtindex::cgrx_build")
+def _(keys, bucket_size, layout):
+    n = keys.shape[0]
+    return (
+        keys.new_empty((_dynamic_size(),), dtype=torch.int32),
+        keys.new_empty((_dynamic_size(),), dtype=torch.int64),
+        keys.new_empty((_dynamic_size(),), dtype=torch.int64),
+    )
+
+
+@register_fake("rtindex::cgrx_build_scene")
+def _(reps, num_reps, scene):
+    if reps.device.type == "cpu":
+        return reps.new_empty((_dynamic_size(), 3, 3), dtype=torch.float32)
+    return reps.new_empty((_dynamic_size(),), dtype=torch.uint8)
+
+
+@register_fake("rtindex::cgrx_lookup")
+def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
+    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_lookup_csr")
+def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
+    offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
+    return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_aggregate")
+def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, values):
+    sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
+    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
+
+
+@register_fake("rtindex::cgrx_scene_rays")
+def _(queries, scene):
+    return queries.new_empty((queries.shape[0], 3, 8), dtype=torch.float32)

@@ -143,3 +143,64 @@ RTX_HD Ray segment_ray(const RowSegment& s, const SceneConfig& c) {
 }
 
 }  // namespace rtindex
+
+namespace rtindex {
+
+// ---- cgRX: triangles that rays along any axis can meet ---------------------------------------------------
+// A representative is found by closest-hit rays along x (its row), y (the next populated row's marker) and
+// z (the next populated plane's marker), so its triangle must face all three axes. In slot units around P:
+//   A = P + (1/2, -1/2, 0),  B = P + (0, 1/2, -1/2),  C = P + (-1/2, 0, 1/2)
+// lies in the plane a + b + c = 0 with P as its centroid; its shadow along each axis stays inside the open
+// half-slot box around P (no other slot's ray can meet it) and holds P at least 0.2 slot from every edge.
+// Slot coordinates may be -1 (the markers' column/row), which is still exact in float32.
+RTX_HD Vec3 slot_position(int64_t x, int64_t y, int64_t z, const SceneConfig& c) {
+  return Vec3{static_cast<float>(x), static_cast<float>(y) * pow2f(c.scale_y_log2),
+              static_cast<float>(z) * pow2f(c.scale_z_log2)};
+}
+
+// `flip` reverses the winding (the optimized representation reads it as a back-face hit).
+RTX_HD void any_axis_triangle(Vec3 p, const SceneConfig& c, bool flip, Vec3 out[3]) {
+  const Vec3 h = half_slot(c);
+  const Vec3 a{p.x + h.x, p.y - h.y, p.z};
+  const Vec3 b{p.x, p.y + h.y, p.z - h.z};
+  const Vec3 d{p.x - h.x, p.y, p.z + h.z};
+  out[0] = a;
+  out[1] = flip ? d : b;
+  out[2] = flip ? b : d;
+}
+
+// A slot of the vertex buffer that holds no triangle: OptiX (and Embree) treat NaN triangles as inactive.
+RTX_HD void inactive_triangle(Vec3 out[3]) {
+  const float nan = bit_cast_value<float>(0x7FC00000u);
+  for (int i = 0; i < 3; ++i) out[i] = Vec3{nan, nan, nan};
+}
+
+// The three closest-hit rays of a cgRX representative search for key k (Algorithm 2 of the cgRX paper):
+// along +x from k's own slot to the row's end; along +y at x = -1 from the next row to the plane's end
+// (meets row markers); along +z at x = y = -1 from the next plane to the last (meets plane markers).
+// has_* is false when there is no next row or plane on that axis.
+struct CgrxRays {
+  Ray same_row, next_row, next_plane;
+  bool has_next_row, has_next_plane;
+};
+
+RTX_HD CgrxRays cgrx_rays(uint64_t k, const SceneConfig& c) {
+  const KeyCoords kc = key_coords(k, c);
+  const Vec3 h = half_slot(c);
+  const uint64_t x_max = axis_mask(c.bits_x), y_max = axis_mask(c.bits_y), z_max = axis_mask(c.bits_z);
+  const float sy = pow2f(c.scale_y_log2), sz = pow2f(c.scale_z_log2);
+  CgrxRays r;
+  const Vec3 p = slot_position(kc.x, kc.y, kc.z, c);
+  r.same_row = Ray{Vec3{p.x - h.x, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, static_cast<float>(x_max - kc.x) + 1.0f};
+  r.has_next_row = kc.y < y_max;
+  const Vec3 row_start = slot_position(-1, int64_t(kc.y) + 1, kc.z, c);
+  r.next_row = Ray{Vec3{row_start.x, row_start.y - h.y, row_start.z}, Vec3{0.f, 1.f, 0.f}, 0.f,
+                   static_cast<float>(y_max - kc.y) * sy};
+  r.has_next_plane = kc.z < z_max;
+  const Vec3 plane_start = slot_position(-1, -1, int64_t(kc.z) + 1, c);
+  r.next_plane = Ray{Vec3{plane_start.x, plane_start.y, plane_start.z - h.z}, Vec3{0.f, 0.f, 1.f}, 0.f,
+                     static_cast<float>(z_max - kc.z) * sz};
+  return r;
+}
+
+}  // namespace rtindex

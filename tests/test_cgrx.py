@@ -1,0 +1,135 @@
+"""CgRXIndex against the numpy reference, for every backend, layout and bucket search, on every device."""
+
+import numpy as np
+import pytest
+import torch
+from keysets import ROW, int64_keys, keys_of_type, point_queries, range_queries
+from reference import Reference, check_lookup, check_matches
+
+from torch_rtindex import CgRXIndex
+
+BACKENDS = ["tree", "optix", "binary_search"]
+
+
+def check_range_matches(result, rows, keys, key_type="int64"):
+    """cgRX reports range rows in (key, row ID) order: compare as sets, then check the order."""
+    offsets = result.offsets.cpu().numpy()
+    got = result.rows.cpu().numpy()
+    k = keys.cpu().numpy()
+    if key_type == "uint64":
+        k = k.view(np.uint64)
+    assert len(offsets) == len(rows) + 1 and offsets[-1] == len(got)
+    for i, r in enumerate(rows):
+        seg = got[offsets[i] : offsets[i + 1]]
+        np.testing.assert_array_equal(np.sort(seg), r, err_msg=f"query {i}")
+        order = np.lexsort((seg, k[seg]))
+        np.testing.assert_array_equal(order, np.arange(len(seg)), err_msg=f"query {i} not in key order")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["uniform", "dense", "duplicates", "narrow"])
+@pytest.mark.parametrize("bucket_size", [1, 4, 16, 256])
+def test_point_and_range_lookups(device, gen, backend, kind, bucket_size):
+    keys = int64_keys(kind, 3000, gen)
+    index = CgRXIndex(keys.to(device), bucket_size=bucket_size, backend=backend)
+    ref = Reference(keys, "int64")
+    q = point_queries(keys, 2000, gen)
+    first, count, rows = ref.points(q)
+    check_lookup(index.lookup(q.to(device)), first, count)
+    check_matches(index.lookup_all(q.to(device)), rows)
+    lo, hi = range_queries(keys, 400, gen, 3 * ROW)
+    first, count, rows = ref.ranges(lo, hi)
+    check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
+    check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+
+
+@pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
+@pytest.mark.parametrize("bucket_search", ["binary", "linear"])
+def test_layouts_and_bucket_searches(device, gen, layout, bucket_search):
+    keys = int64_keys("duplicates", 2000, gen)
+    index = CgRXIndex(keys.to(device), layout=layout, bucket_search=bucket_search, bucket_size=8)
+    ref = Reference(keys, "int64")
+    q = point_queries(keys, 1000, gen)
+    first, count, rows = ref.points(q)
+    check_lookup(index.lookup(q.to(device)), first, count)
+    check_matches(index.lookup_all(q.to(device)), rows)
+
+
+@pytest.mark.parametrize("key_type", ["int64", "uint64", "int32", "float32", "float64"])
+def test_key_types(device, gen, key_type):
+    keys = keys_of_type(key_type, 2000, gen)
+    ref = Reference(keys, key_type)
+    q = point_queries(keys, 800, gen)
+    width = 10.0 if keys.dtype.is_floating_point else 2**40
+    lo, hi = range_queries(keys, 300, gen, width)
+    for backend in BACKENDS:
+        index = CgRXIndex(keys.to(device), key_type=key_type if key_type == "uint64" else None, backend=backend)
+        first, count, _ = ref.points(q)
+        check_lookup(index.lookup(q.to(device)), first, count)
+        first, count, rows = ref.ranges(lo, hi)
+        check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
+        check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys, key_type)
+
+
+def test_edges(device):
+    keys = torch.tensor([-(2**63), 2**63 - 1, 0, -1, 0, 0], dtype=torch.int64)
+    for backend in BACKENDS:
+        index = CgRXIndex(keys.to(device), bucket_size=2, backend=backend)
+        r = index.lookup(torch.tensor([-(2**63), 2**63 - 1, 0, -1, 5], device=device))
+        assert r.first_row.cpu().tolist() == [0, 1, 2, 3, -1]
+        assert r.count.cpu().tolist() == [1, 1, 3, 1, 0]
+        u = CgRXIndex(keys.to(device), key_type="uint64", backend=backend)
+        assert u.lookup(torch.tensor([0, -1], device=device)).first_row.cpu().tolist() == [2, 3]
+        empty = CgRXIndex(torch.empty(0, dtype=torch.int64, device=device), backend=backend)
+        assert empty.lookup(torch.tensor([1], device=device)).first_row.cpu().tolist() == [-1]
+        assert empty.range(torch.tensor([0], device=device), torch.tensor([9], device=device)).rows.numel() == 0
+        nothing = index.lookup(torch.empty(0, dtype=torch.int64, device=device))
+        assert nothing.first_row.numel() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
+def test_aggregate(device, gen, dtype):
+    keys = int64_keys("duplicates", 2000, gen)
+    values = (torch.randn(keys.numel(), generator=gen) * 100).to(dtype)
+    ref = Reference(keys, "int64")
+    q = point_queries(keys, 500, gen)
+    _, count, rows = ref.points(q)
+    for backend in BACKENDS:
+        index = CgRXIndex(keys.to(device), backend=backend)
+        agg = index.aggregate(q.to(device), values.to(device))
+        np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
+        np.testing.assert_allclose(agg.sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fuzz_backends_agree(device, seed):
+    gen = torch.Generator().manual_seed(100 + seed)
+    kind = ["uniform", "dense", "duplicates", "narrow"][seed % 4]
+    keys = int64_keys(kind, int(torch.randint(1, 6000, (1,), generator=gen)), gen)
+    bucket_size = int(torch.randint(1, 300, (1,), generator=gen))
+    ref = Reference(keys, "int64")
+    q = point_queries(keys, 1500, gen)
+    lo, hi = range_queries(keys, 300, gen, 40 * ROW)
+    p_first, p_count, _ = ref.points(q)
+    r_first, r_count, _ = ref.ranges(lo, hi)
+    for backend in BACKENDS:
+        index = CgRXIndex(keys.to(device), bucket_size=bucket_size, backend=backend)
+        check_lookup(index.lookup(q.to(device)), p_first, p_count)
+        check_lookup(index.range_lookup(lo.to(device), hi.to(device)), r_first, r_count)
+
+
+def test_bad_arguments(device):
+    keys = torch.tensor([1, 2, 3], device=device)
+    with pytest.raises(ValueError, match="bucket_size"):
+        CgRXIndex(keys, bucket_size=0)
+    with pytest.raises(ValueError, match="layout"):
+        CgRXIndex(keys, layout="rows")
+    with pytest.raises(ValueError, match="backend"):
+        CgRXIndex(keys, backend="rtcores")
+    with pytest.raises(ValueError, match="bucket_search"):
+        CgRXIndex(keys, bucket_search="hash")
+    index = CgRXIndex(keys)
+    with pytest.raises(TypeError, match="dtype"):
+        index.lookup(torch.tensor([1.0], device=device))
+    assert index.lookup(torch.tensor([2], device=device)).first_row.cpu().tolist() == [1]
+    assert "backend=" in repr(index) and set(index.memory()) == {"pairs", "representatives", "search_tree", "bvh"}
