@@ -6,6 +6,7 @@
 
 #include <vector>
 
+#include "results_device.h"
 #include "scene.h"
 
 namespace rtindex {
@@ -65,6 +66,15 @@ inline void check_values(const at::Tensor& values, const at::Tensor& keys) {
 // Sums of integer columns are int64, sums of floating columns float64.
 inline at::ScalarType sum_dtype(at::ScalarType values) {
   return at::isFloatingType(values) ? at::kDouble : at::kLong;
+}
+
+inline ValueKind value_kind_of(at::ScalarType t) {
+  switch (t) {
+    case at::kLong: return ValueKind::Int64;
+    case at::kInt: return ValueKind::Int32;
+    case at::kFloat: return ValueKind::Float32;
+    default: return ValueKind::Float64;
+  }
 }
 
 }  // namespace rtindex

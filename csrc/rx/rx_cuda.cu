@@ -80,9 +80,9 @@ struct Launch {
 
   // One optixLaunch per 2^30 queries (OptiX's launch-size limit); parameters go to a device buffer from the
   // caching allocator, written on the stream by write_params_kernel.
-  void run(RxMode mode) {
+  void run(ResultMode mode) {
     if (q == 0 || p.num_keys == 0) return;
-    p.mode = static_cast<uint32_t>(mode);
+    p.results.mode = static_cast<uint32_t>(mode);
     const optix::Pipeline& pipe = optix::pipeline(device, kRxPrograms);
     constexpr int64_t kMaxLaunch = int64_t(1) << 30;
     const int64_t chunks = (q + kMaxLaunch - 1) / kMaxLaunch;
@@ -111,9 +111,9 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, c
     count.zero_();
     return {first, count};
   }
-  l.p.first_row = first.data_ptr<int64_t>();
-  l.p.count = count.data_ptr<int64_t>();
-  l.run(RxMode::First);
+  l.p.results.first_row = first.data_ptr<int64_t>();
+  l.p.results.count = count.data_ptr<int64_t>();
+  l.run(ResultMode::First);
   return {first, count};
 }
 
@@ -123,16 +123,16 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
   const c10::cuda::CUDAGuard guard(keys.device());
   Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
   at::Tensor counts = at::zeros({l.q}, lo.options());
-  l.p.count = counts.data_ptr<int64_t>();
-  l.run(RxMode::Count);
+  l.p.results.count = counts.data_ptr<int64_t>();
+  l.run(ResultMode::Count);
   at::Tensor offsets = at::zeros({l.q + 1}, lo.options());
   if (l.q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
   const int64_t total = l.q > 0 ? offsets[l.q].item<int64_t>() : 0;  // the output size: one host sync
   at::Tensor rows = at::empty({total}, lo.options());
   if (total == 0) return {offsets, rows};
-  l.p.offsets = offsets.data_ptr<int64_t>();
-  l.p.rows = rows.data_ptr<int64_t>();
-  l.run(RxMode::Fill);
+  l.p.results.offsets = offsets.data_ptr<int64_t>();
+  l.p.results.rows = rows.data_ptr<int64_t>();
+  l.run(ResultMode::Fill);
   const bool at_most_one = unique_keys && !hi.has_value();
   if (!at_most_one) {
     // Hits arrive in traversal order; sort each query's rows ascending (query in the high bits).
@@ -153,16 +153,11 @@ std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure
   at::Tensor count = at::zeros({l.q}, lo.options());
   at::Tensor sum = at::zeros({l.q}, lo.options().dtype(sum_dtype(values.scalar_type())));
   if (l.p.num_keys == 0) return {count, sum};
-  l.p.count = count.data_ptr<int64_t>();
-  l.p.sums = sum.data_ptr();
-  l.p.values = values.data_ptr();
-  switch (values.scalar_type()) {
-    case at::kLong: l.p.value_kind = static_cast<uint32_t>(ValueKind::Int64); break;
-    case at::kInt: l.p.value_kind = static_cast<uint32_t>(ValueKind::Int32); break;
-    case at::kFloat: l.p.value_kind = static_cast<uint32_t>(ValueKind::Float32); break;
-    default: l.p.value_kind = static_cast<uint32_t>(ValueKind::Float64); break;
-  }
-  l.run(RxMode::Aggregate);
+  l.p.results.count = count.data_ptr<int64_t>();
+  l.p.results.sums = sum.data_ptr();
+  l.p.results.values = values.data_ptr();
+  l.p.results.value_kind = static_cast<uint32_t>(value_kind_of(values.scalar_type()));
+  l.run(ResultMode::Aggregate);
   return {count, sum};
 }
 

@@ -5,19 +5,10 @@
 #include <cstdint>
 
 #include "../core/scene.h"
+#include "../core/results_device.h"
 #include "../optix/gas_header.h"
 
 namespace rtindex {
-
-// What each lookup thread produces.
-enum class RxMode : uint32_t {
-  First = 0,      // first_row + count
-  Count = 1,      // count only (pass 1 of a CSR result)
-  Fill = 2,       // rows[offsets[q] + i] (pass 2 of a CSR result)
-  Aggregate = 3,  // count + sum of values[row]
-};
-
-enum class ValueKind : uint32_t { Int64 = 0, Int32 = 1, Float32 = 2, Float64 = 3 };
 
 struct RxLaunchParams {
   uint64_t handle;  // filled on the device from the structure header (no host sync)
@@ -28,16 +19,9 @@ struct RxLaunchParams {
   const uint64_t* hi;  // nullptr for point lookups
   uint64_t query_base; // launch index i answers query query_base + i
   SceneConfig scene;
-  uint32_t mode;
   uint32_t unique_keys;
   uint64_t max_range_rays;
-  int64_t* first_row;
-  int64_t* count;
-  const int64_t* offsets;
-  int64_t* rows;
-  const void* values;
-  uint32_t value_kind;
-  void* sums;
+  ResultParams results;
 };
 
 }  // namespace rtindex

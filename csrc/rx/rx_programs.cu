@@ -13,35 +13,8 @@ __constant__ RxLaunchParams params;
 
 namespace {
 
-// Per-query state, carried in the ray payload: p0 = matches so far, p1 = smallest row ID, p2/p3 = sum bits.
-struct HitState {
-  unsigned count = 0, first = 0xFFFFFFFFu, sum_lo = 0, sum_hi = 0;
-};
-
-__device__ __forceinline__ void add_value(HitState& s, unsigned row) {
-  unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;
-  switch (static_cast<ValueKind>(params.value_kind)) {
-    case ValueKind::Int64: bits += static_cast<unsigned long long>(static_cast<const int64_t*>(params.values)[row]); break;
-    case ValueKind::Int32: bits += static_cast<unsigned long long>(static_cast<long long>(static_cast<const int32_t*>(params.values)[row])); break;
-    case ValueKind::Float32: bits = __double_as_longlong(__longlong_as_double(bits) + static_cast<const float*>(params.values)[row]); break;
-    case ValueKind::Float64: bits = __double_as_longlong(__longlong_as_double(bits) + static_cast<const double*>(params.values)[row]); break;
-  }
-  s.sum_lo = static_cast<unsigned>(bits);
-  s.sum_hi = static_cast<unsigned>(bits >> 32);
-}
-
-__device__ __forceinline__ void record_hit(HitState& s, unsigned row, unsigned long long q) {
-  const RxMode mode = static_cast<RxMode>(params.mode);
-  if (mode == RxMode::Fill) {
-    const long long at = params.offsets[q] + s.count;
-    if (at < params.offsets[q + 1]) params.rows[at] = row;  // both passes fire the same rays; never past
-  } else if (mode == RxMode::Aggregate) {
-    add_value(s, row);
-  }
-  s.count += 1;
-  s.first = row < s.first ? row : s.first;
-}
-
+// Per-query state (csrc/core/results_device.h) travels in the ray payload: p0 = matches so far,
+// p1 = smallest row ID, p2/p3 = sum bits.
 __device__ __forceinline__ HitState load_payload() {
   HitState s;
   s.count = optixGetPayload_0();
@@ -83,34 +56,24 @@ extern "C" __global__ void __raygen__rx() {
     if (segments > params.max_range_rays) {
       for (uint64_t i = 0; i < params.num_keys; ++i) {
         const uint64_t k = params.keys[i];
-        if (lo <= k && k <= hi) record_hit(s, static_cast<unsigned>(i), q);
+        if (lo <= k && k <= hi) record_hit(params.results, s, static_cast<unsigned>(i), q);
       }
     } else {
       for (uint64_t i = 0; i < segments; ++i) trace(segment_ray(range_segment(lo, hi, i, params.scene), params.scene), kCollectAll, s);
     }
   }
-  const RxMode mode = static_cast<RxMode>(params.mode);
-  if (mode == RxMode::First) params.first_row[q] = s.count ? static_cast<int64_t>(s.first) : -1;
-  if (mode != RxMode::Fill) params.count[q] = s.count;
-  if (mode == RxMode::Aggregate) {
-    const unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;
-    if (params.value_kind == static_cast<uint32_t>(ValueKind::Float32) ||
-        params.value_kind == static_cast<uint32_t>(ValueKind::Float64))
-      static_cast<double*>(params.sums)[q] = __longlong_as_double(bits);
-    else
-      static_cast<long long*>(params.sums)[q] = static_cast<long long>(bits);
-  }
+  write_result(params.results, s, q);
 }
 
 extern "C" __global__ void __closesthit__rx() {
   HitState s = load_payload();
-  record_hit(s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
+  record_hit(params.results, s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
   store_payload(s);
 }
 
 extern "C" __global__ void __anyhit__rx() {
   HitState s = load_payload();
-  record_hit(s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
+  record_hit(params.results, s, optixGetPrimitiveIndex(), params.query_base + optixGetLaunchIndex().x);
   store_payload(s);
   optixIgnoreIntersection();
 }

@@ -1,0 +1,250 @@
+// cgRX on CUDA: build (sort, pairs, representatives, search tree, optional OptiX scene) and lookups, either a
+// CUDA kernel walking the search tree (or binary search) or an OptiX launch tracing the representatives.
+// Everything runs on PyTorch's current stream; lookups do not synchronize except the CSR forms' size read.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+
+#include "../core/cuda_utils.h"
+#include "../optix/gas.h"
+#include "../optix/optix_runtime.h"
+#include "cgrx_args.h"
+#include "cgrx_launch.h"
+
+namespace rtindex::cgrx {
+namespace {
+
+const optix::ProgramSet kCgrxPrograms{"cgrx", "__raygen__cgrx", "__miss__cgrx", "__closesthit__cgrx", nullptr, 1};
+
+__global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int64_t* __restrict__ rows, uint32_t* pairs,
+                                   int64_t n, Layout l) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
+}
+
+__global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t bucket_size, uint64_t* reps,
+                            int64_t padded) {
+  const int64_t m = (n + bucket_size - 1) / bucket_size;
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < padded; b += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t last = (b + 1) * bucket_size < n ? (b + 1) * bucket_size : n;
+    reps[b] = b < m ? sorted[last - 1] : ~uint64_t(0);
+  }
+}
+
+__global__ void tree_level_kernel(const uint64_t* below, uint64_t below_size, uint64_t* level, uint64_t size) {
+  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < pad_to_node(size); j += uint64_t(gridDim.x) * blockDim.x)
+    level[j] = j < size ? tree_entry(below, below_size, j) : ~uint64_t(0);
+}
+
+__global__ void scene_kernel(const uint64_t* reps, uint64_t m, SceneConfig c, Vec3* v) {
+  const SceneShape s = scene_shape(reps, m, c);
+  for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < m; b += uint64_t(gridDim.x) * blockDim.x)
+    bucket_triangles(reps, s, b, c, v);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
+  check_ordered_keys(keys, "keys");
+  const Layout l = layout_from_int(layout);
+  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  const c10::cuda::CUDAGuard guard(keys.device());
+  const int64_t n = keys.numel();
+  // Unsigned order through a signed sort: flipping the top bit maps unsigned order onto signed order.
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::min();
+  auto [sorted_flipped, order] = at::sort(at::bitwise_xor(keys, kTop), /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  at::Tensor sorted = at::bitwise_xor(sorted_flipped, kTop);
+  at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
+  if (n > 0) {
+    store_pairs_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), order.data_ptr<int64_t>(),
+        reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n, l);
+    RTX_CHECK_LAUNCH();
+  }
+  const uint64_t m = (n + bucket_size - 1) / bucket_size;
+  const int64_t padded = static_cast<int64_t>(pad_to_node(m));
+  at::Tensor reps = at::empty({padded}, keys.options());
+  if (padded > 0) {
+    reps_kernel<<<grid_for(padded), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, bucket_size,
+        reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>()), padded);
+    RTX_CHECK_LAUNCH();
+  }
+  uint64_t total = 0;
+  const TreeLayout t = tree_layout(m, &total);
+  at::Tensor tree = at::empty({static_cast<int64_t>(total)}, keys.options());
+  const uint64_t* below = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
+  for (int lvl = 1; lvl <= t.num_levels; ++lvl) {
+    uint64_t* level = reinterpret_cast<uint64_t*>(tree.data_ptr<int64_t>()) + t.offset[lvl - 1];
+    tree_level_kernel<<<grid_for(pad_to_node(t.size[lvl])), kBlock, 0, current_stream()>>>(below, t.size[lvl - 1], level,
+                                                                                          t.size[lvl]);
+    RTX_CHECK_LAUNCH();
+    below = level;
+  }
+  return {pairs, reps, tree};
+}
+
+at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene) {
+  const SceneConfig c = scene_from_list(scene);
+  TORCH_CHECK(reps.scalar_type() == at::kLong && num_reps >= 0 && num_reps <= reps.numel(), "num_reps out of range");
+  const c10::cuda::CUDAGuard guard(reps.device());
+  // The shape (how many marker slots) needs the first and last representative on the host: a build-time sync.
+  SceneShape shape{static_cast<uint64_t>(num_reps), false, false};
+  if (num_reps > 0) {
+    const uint64_t ends[2] = {static_cast<uint64_t>(reps[0].item<int64_t>()),
+                              static_cast<uint64_t>(reps[num_reps - 1].item<int64_t>())};
+    const SceneShape e = scene_shape(ends, 2, c);
+    shape.multi_row = e.multi_row;
+    shape.multi_plane = e.multi_plane;
+  }
+  const int64_t triangles = static_cast<int64_t>(shape.num_triangles());
+  at::Tensor vertices = at::empty({triangles * 9}, reps.options().dtype(at::kFloat));
+  if (num_reps > 0) {
+    scene_kernel<<<grid_for(num_reps), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), num_reps, c, reinterpret_cast<Vec3*>(vertices.data_ptr<float>()));
+    RTX_CHECK_LAUNCH();
+  }
+  return gas::build(vertices, triangles, /*allow_update=*/false);
+}
+
+__global__ void search_kernel(LaunchParams p) {
+  for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
+    if (static_cast<Backend>(p.backend) == Backend::Tree)
+      answer_query(p, q, [&](uint64_t k) { return tree_lower_bound(p.reps, p.tree, p.tree_layout, k); });
+    else
+      answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); });
+  }
+}
+
+// OptiX parameters are written on the stream (graph-capturable) with the handle and the scene shape read on
+// the device, so a lookup never waits for the host.
+__global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
+  p.handle = gas_handle(p.header);
+  const SceneShape s = scene_shape(p.reps, p.num_reps, p.scene);
+  p.shape = s;
+  *out = p;
+}
+
+struct Launch {
+  LaunchParams p{};
+  at::Tensor scene_structure;
+  int device;
+
+  Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& tree, const at::Tensor& scene_structure_,
+         const at::Tensor& lo, const c10::optional<at::Tensor>& hi, int64_t bucket_size, int64_t layout,
+         bool linear_search, at::IntArrayRef scene, int64_t backend)
+      : scene_structure(scene_structure_) {
+    const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
+    check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
+    check_same_device(pairs, lo, "the index", "the queries");
+    p.pairs = a.pairs;
+    p.reps = a.reps;
+    p.num_reps = a.num_reps;
+    p.tree = a.tree;
+    p.tree_layout = a.tree_layout;
+    p.backend = static_cast<uint32_t>(a.backend);
+    p.scene = a.scene;
+    p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());
+    if (hi.has_value()) {
+      check_ordered_keys(*hi, "hi");
+      TORCH_CHECK(hi->numel() == lo.numel(), "lo and hi must have the same length");
+      p.hi = reinterpret_cast<const uint64_t*>(hi->data_ptr<int64_t>());
+    }
+    p.num_queries = static_cast<uint64_t>(lo.numel());
+    device = lo.device().index();
+    if (a.backend == Backend::OptiX && a.pairs.n > 0) {
+      gas::check_structure(scene_structure);
+      check_same_device(scene_structure, pairs, "the scene", "the index");
+      p.header = reinterpret_cast<const GasHeader*>(scene_structure.data_ptr());
+    }
+  }
+
+  void run(ResultMode mode) {
+    if (p.num_queries == 0) return;
+    p.results.mode = static_cast<uint32_t>(mode);
+    if (static_cast<Backend>(p.backend) != Backend::OptiX || p.pairs.n == 0) {
+      search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
+      RTX_CHECK_LAUNCH();
+      return;
+    }
+    const optix::Pipeline& pipe = optix::pipeline(device, kCgrxPrograms);
+    constexpr uint64_t kMaxLaunch = uint64_t(1) << 30;
+    const uint64_t chunks = (p.num_queries + kMaxLaunch - 1) / kMaxLaunch;
+    at::Tensor buf = at::empty({static_cast<int64_t>(chunks * sizeof(LaunchParams))},
+                               at::TensorOptions().device(at::kCUDA, device).dtype(at::kByte));
+    auto* dev = reinterpret_cast<LaunchParams*>(buf.data_ptr());
+    for (uint64_t c = 0; c < chunks; ++c) {
+      p.query_base = c * kMaxLaunch;
+      write_params_kernel<<<1, 1, 0, current_stream()>>>(p, dev + c);
+      RTX_CHECK_LAUNCH();
+      const uint64_t width = std::min(kMaxLaunch, p.num_queries - c * kMaxLaunch);
+      optix::launch(pipe, current_stream(), dev + c, sizeof(LaunchParams), static_cast<unsigned>(width));
+    }
+  }
+};
+
+#define CGRX_LOOKUP_ARGS                                                                                  \
+  const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &tree, const at::Tensor &scene_structure, \
+      const at::Tensor &lo, const c10::optional<at::Tensor> &hi, int64_t bucket_size, int64_t layout,       \
+      bool linear_search, at::IntArrayRef scene, int64_t backend
+#define CGRX_FORWARD pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend
+
+std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  at::Tensor first = at::empty({lo.numel()}, lo.options());
+  at::Tensor count = at::empty({lo.numel()}, lo.options());
+  l.p.results.first_row = first.data_ptr<int64_t>();
+  l.p.results.count = count.data_ptr<int64_t>();
+  l.run(ResultMode::First);
+  return {first, count};
+}
+
+std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  const int64_t q = lo.numel();
+  at::Tensor counts = at::zeros({q}, lo.options());
+  l.p.results.count = counts.data_ptr<int64_t>();
+  l.run(ResultMode::Count);
+  at::Tensor offsets = at::zeros({q + 1}, lo.options());
+  if (q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
+  const int64_t total = q > 0 ? offsets[q].item<int64_t>() : 0;  // the output size: one host sync
+  at::Tensor rows = at::empty({total}, lo.options());
+  if (total == 0) return {offsets, rows};
+  l.p.results.offsets = offsets.data_ptr<int64_t>();
+  l.p.results.rows = rows.data_ptr<int64_t>();
+  l.run(ResultMode::Fill);  // matches arrive in (key, row ID) order: no sort needed
+  return {offsets, rows};
+}
+
+std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  TORCH_CHECK(values.dim() == 1 && values.numel() == static_cast<int64_t>(l.p.pairs.n) && values.is_contiguous(),
+              "values must be a contiguous 1-D tensor with one value per indexed key (", l.p.pairs.n, ")");
+  check_same_device(values, lo, "values", "the queries");
+  const auto t = values.scalar_type();
+  TORCH_CHECK(t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble,
+              "values must be int32, int64, float32 or float64, got ", t);
+  at::Tensor count = at::zeros({lo.numel()}, lo.options());
+  at::Tensor sum = at::zeros({lo.numel()}, lo.options().dtype(sum_dtype(t)));
+  l.p.results.count = count.data_ptr<int64_t>();
+  l.p.results.sums = sum.data_ptr();
+  l.p.results.values = values.data_ptr();
+  l.p.results.value_kind = static_cast<uint32_t>(value_kind_of(t));
+  l.run(ResultMode::Aggregate);
+  return {count, sum};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
+  m.impl("cgrx_build", &cgrx_build_cuda);
+  m.impl("cgrx_build_scene", &cgrx_build_scene_cuda);
+  m.impl("cgrx_lookup", &cgrx_lookup_cuda);
+  m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
+  m.impl("cgrx_aggregate", &cgrx_aggregate_cuda);
+}
+
+}  // namespace rtindex::cgrx

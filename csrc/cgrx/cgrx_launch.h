@@ -1,0 +1,44 @@
+// What a cgRX lookup launch (CUDA kernel or OptiX program) receives. Shared by host and device code.
+#pragma once
+
+#include "../core/results_device.h"
+#include "../core/scene.h"
+#include "../optix/gas_header.h"
+#include "cgrx_core.h"
+#include "cgrx_scene.h"
+
+namespace rtindex::cgrx {
+
+struct LaunchParams {
+  uint64_t handle;          // OptiX backend: filled on the device from the GAS header
+  const GasHeader* header;  // OptiX backend only
+  SceneShape shape;         // OptiX backend: filled on the device from the representatives
+  Pairs pairs;
+  const uint64_t* reps;
+  uint64_t num_reps;
+  const uint64_t* tree;
+  TreeLayout tree_layout;
+  uint32_t backend;  // Backend
+  SceneConfig scene;
+  const uint64_t* lo;
+  const uint64_t* hi;  // nullptr: point lookups
+  uint64_t query_base;
+  uint64_t num_queries;
+  ResultParams results;
+};
+
+#if defined(__CUDACC__)
+// One query, start to finish; `find` maps a key to the bucket of the first representative >= key.
+template <typename Find>
+__device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
+  const uint64_t lo = p.lo[q], hi = p.hi ? p.hi[q] : lo;
+  HitState s;
+  uint64_t b = trivial_bucket(p.pairs, p.reps, lo, hi);
+  if (b == kSearch) b = find(lo);
+  if (b != kNoBucket && b < p.num_reps)
+    visit_from_bucket(p.pairs, b, lo, hi, [&](uint32_t row) { record_hit(p.results, s, row, q); });
+  write_result(p.results, s, q);
+}
+#endif
+
+}  // namespace rtindex::cgrx
