@@ -1,0 +1,104 @@
+"""cgRX at scale on one GPU: every representative-search backend and bucket size, next to the sorted array
+(torch.sort + torch.searchsorted) and RX, in the same run, on the same keys and lookups.
+
+Checks every answer against the sorted array before reporting a time. Prints a table, writes JSON under
+benchmarks/results/<device>/.
+
+    python benchmarks/cgrx_bench.py --log-keys 26 --log-lookups 27
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from rx_bench import git_commit, make_keys, timed  # noqa: E402  (same folder)
+
+import torch_rtindex  # noqa: E402
+from torch_rtindex import CgRXIndex  # noqa: E402
+
+
+def build_timed(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3, (torch.cuda.max_memory_allocated() - base) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log-keys", type=int, default=26)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--log-range-lookups", type=int, default=24)
+    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
+    ap.add_argument("--bucket-sizes", default="4,16,64,256")
+    ap.add_argument("--backends", default="tree,optix")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(42)
+    n, q, qr = 1 << args.log_keys, 1 << args.log_lookups, 1 << args.log_range_lookups
+    info = torch_rtindex.optix_info()
+    keys = make_keys(args.dist, n, gen, dev)
+    queries = keys[torch.randint(0, n, (q,), generator=gen, device=dev)]
+    rows = []
+    result = {"device": torch.cuda.get_device_name(), "commit": git_commit(), "torch": torch.__version__,
+              "optix": info, "params": vars(args), "runs": []}
+
+    (sk, perm), sa_build_ms, _ = build_timed(lambda: torch.sort(keys))
+    sa_bytes = sk.nbytes + perm.nbytes
+
+    def sa_lookup():
+        pos = torch.searchsorted(sk, queries).clamp(max=n - 1)
+        return torch.where(sk[pos] == queries, perm[pos], -1)
+
+    sa_ms, sa_rows = timed(sa_lookup)
+    # ranges of 4 hits on dense keys (hits = args range width)
+    dense = make_keys("dense", n, gen, dev)
+    lo = dense[torch.randint(0, n, (qr,), generator=gen, device=dev)]
+    hi = lo + 3
+    expected = torch.clamp(hi, max=n - 1) - lo + 1
+    dsk = torch.sort(dense).values
+    sar_ms, sar = timed(lambda: torch.searchsorted(dsk, hi, right=True) - torch.searchsorted(dsk, lo))
+    assert torch.equal(sar, expected)
+    rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms))
+    result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms, "range4_ms": sar_ms}
+
+    for backend in args.backends.split(","):
+        for b in [int(x) for x in args.bucket_sizes.split(",")]:
+            index, build_ms, peak = build_timed(lambda: CgRXIndex(keys, bucket_size=b, backend=backend))
+            mem = index.memory()
+            ms, res = timed(lambda: index.lookup(queries))
+            wrong = int((res.first_row != sa_rows).sum())
+            assert wrong == 0, f"cgRX {backend} B={b}: {wrong} wrong answers"
+            dindex = CgRXIndex(dense, bucket_size=b, backend=backend)
+            rms, rres = timed(lambda: dindex.range_lookup(lo, hi))
+            assert torch.equal(rres.count, expected), f"cgRX {backend} B={b}: range counts wrong"
+            total = sum(mem.values())
+            rows.append((f"cgRX {backend}", b, build_ms, total / 1e9, ms, rms))
+            result["runs"].append({"backend": backend, "bucket_size": b, "build_ms": build_ms, "build_peak_gb": peak,
+                                   "memory": mem, "lookup_ms": ms, "range4_ms": rms})
+            del index, dindex, res, rres
+            torch.cuda.empty_cache()
+
+    print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
+    print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups} (all hits), "
+          f"range lookups 2^{args.log_range_lookups} of 4 hits (dense keys)")
+    print(f"{'method':18s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}")
+    for name, b, bms, gb, ms, rms in rows:
+        print(f"{name:18s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x")
+    out = Path(__file__).parent / "results" / result["device"].replace(" ", "_")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
