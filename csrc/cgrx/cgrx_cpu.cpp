@@ -113,11 +113,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
-  TORCH_CHECK(values.dim() == 1 && values.numel() == static_cast<int64_t>(a.pairs.n) && values.is_contiguous(),
-              "values must be a contiguous 1-D tensor with one value per indexed key (", a.pairs.n, ")");
-  const auto t = values.scalar_type();
-  TORCH_CHECK(t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble,
-              "values must be int32, int64, float32 or float64, got ", t);
+  check_values(values, static_cast<int64_t>(a.pairs.n), pairs);
   return cpu_results::aggregate(qs.q, lo.options(), values, matches_of(a, qs));
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "../core/cuda_utils.h"
+#include "../core/results_cuda.h"
 #include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
 #include "cgrx_args.h"
@@ -192,49 +193,22 @@ struct Launch {
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  at::Tensor first = at::empty({lo.numel()}, lo.options());
-  at::Tensor count = at::empty({lo.numel()}, lo.options());
-  l.p.results.first_row = first.data_ptr<int64_t>();
-  l.p.results.count = count.data_ptr<int64_t>();
-  l.run(ResultMode::First);
-  return {first, count};
+  return cuda_results::first_and_count(l, lo.numel(), lo.options(), false);
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  const int64_t q = lo.numel();
-  at::Tensor counts = at::zeros({q}, lo.options());
-  l.p.results.count = counts.data_ptr<int64_t>();
-  l.run(ResultMode::Count);
-  at::Tensor offsets = at::zeros({q + 1}, lo.options());
-  if (q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
-  const int64_t total = q > 0 ? offsets[q].item<int64_t>() : 0;  // the output size: one host sync
-  at::Tensor rows = at::empty({total}, lo.options());
-  if (total == 0) return {offsets, rows};
-  l.p.results.offsets = offsets.data_ptr<int64_t>();
-  l.p.results.rows = rows.data_ptr<int64_t>();
-  l.run(ResultMode::Fill);  // matches arrive in (key, row ID) order: no sort needed
+  // Matches arrive in (key, row ID) order: no sort needed.
+  auto [offsets, rows, counts] = cuda_results::csr(l, lo.numel(), lo.options(), false);
   return {offsets, rows};
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  TORCH_CHECK(values.dim() == 1 && values.numel() == static_cast<int64_t>(l.p.pairs.n) && values.is_contiguous(),
-              "values must be a contiguous 1-D tensor with one value per indexed key (", l.p.pairs.n, ")");
-  check_same_device(values, lo, "values", "the queries");
-  const auto t = values.scalar_type();
-  TORCH_CHECK(t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble,
-              "values must be int32, int64, float32 or float64, got ", t);
-  at::Tensor count = at::zeros({lo.numel()}, lo.options());
-  at::Tensor sum = at::zeros({lo.numel()}, lo.options().dtype(sum_dtype(t)));
-  l.p.results.count = count.data_ptr<int64_t>();
-  l.p.results.sums = sum.data_ptr();
-  l.p.results.values = values.data_ptr();
-  l.p.results.value_kind = static_cast<uint32_t>(value_kind_of(t));
-  l.run(ResultMode::Aggregate);
-  return {count, sum};
+  check_values(values, static_cast<int64_t>(l.p.pairs.n), pairs);
+  return cuda_results::aggregate(l, lo.numel(), lo.options(), values, false);
 }
 
 }  // namespace

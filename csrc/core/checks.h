@@ -52,12 +52,13 @@ inline bool check_lookup_args(const at::Tensor& keys, const at::Tensor& lo, cons
   return true;
 }
 
-inline void check_values(const at::Tensor& values, const at::Tensor& keys) {
-  TORCH_CHECK(values.dim() == 1 && values.numel() == keys.numel(),
-              "values must be a 1-D tensor with one value per indexed key (", keys.numel(), "), got shape ",
+// `index` is any tensor of the index (for its device); num_keys the number of indexed keys.
+inline void check_values(const at::Tensor& values, int64_t num_keys, const at::Tensor& index) {
+  TORCH_CHECK(values.dim() == 1 && values.numel() == num_keys,
+              "values must be a 1-D tensor with one value per indexed key (", num_keys, "), got shape ",
               values.sizes());
   TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
-  check_same_device(values, keys, "values", "the index");
+  check_same_device(values, index, "values", "the index");
   const auto t = values.scalar_type();
   TORCH_CHECK(t == at::kLong || t == at::kInt || t == at::kFloat || t == at::kDouble,
               "values must be int32, int64, float32 or float64, got ", t);

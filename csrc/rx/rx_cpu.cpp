@@ -127,7 +127,7 @@ std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(const at::Tensor& structure,
                                                     at::IntArrayRef scene, bool /*unique_keys*/,
                                                     int64_t max_range_rays, const at::Tensor& values) {
   const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  check_values(values, keys);
+  check_values(values, keys.numel(), keys);
   return cpu_results::aggregate(a.q, lo.options(), values, matches_of(a, max_range_rays));
 }
 

@@ -7,6 +7,7 @@
 
 #include "../core/checks.h"
 #include "../core/cuda_utils.h"
+#include "../core/results_cuda.h"
 #include "../core/scene.h"
 #include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
@@ -104,17 +105,7 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, c
                                                   at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
   const c10::cuda::CUDAGuard guard(keys.device());
   Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  at::Tensor first = at::empty({l.q}, lo.options());
-  at::Tensor count = at::empty({l.q}, lo.options());
-  if (l.p.num_keys == 0) {
-    first.fill_(-1);
-    count.zero_();
-    return {first, count};
-  }
-  l.p.results.first_row = first.data_ptr<int64_t>();
-  l.p.results.count = count.data_ptr<int64_t>();
-  l.run(ResultMode::First);
-  return {first, count};
+  return cuda_results::first_and_count(l, l.q, lo.options(), l.p.num_keys == 0);
 }
 
 std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys,
@@ -122,21 +113,11 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
                                                       at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
   const c10::cuda::CUDAGuard guard(keys.device());
   Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  at::Tensor counts = at::zeros({l.q}, lo.options());
-  l.p.results.count = counts.data_ptr<int64_t>();
-  l.run(ResultMode::Count);
-  at::Tensor offsets = at::zeros({l.q + 1}, lo.options());
-  if (l.q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
-  const int64_t total = l.q > 0 ? offsets[l.q].item<int64_t>() : 0;  // the output size: one host sync
-  at::Tensor rows = at::empty({total}, lo.options());
-  if (total == 0) return {offsets, rows};
-  l.p.results.offsets = offsets.data_ptr<int64_t>();
-  l.p.results.rows = rows.data_ptr<int64_t>();
-  l.run(ResultMode::Fill);
+  auto [offsets, rows, counts] = cuda_results::csr(l, l.q, lo.options(), l.p.num_keys == 0);
   const bool at_most_one = unique_keys && !hi.has_value();
-  if (!at_most_one) {
+  if (!at_most_one && rows.numel() > 0) {
     // Hits arrive in traversal order; sort each query's rows ascending (query in the high bits).
-    at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, /*dim=*/0, /*output_size=*/total);
+    at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, /*dim=*/0, /*output_size=*/rows.numel());
     at::Tensor composite = owner * (int64_t(1) << 32) + rows;
     rows = std::get<0>(composite.sort()) & 0xFFFFFFFFLL;
   }
@@ -149,16 +130,8 @@ std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure
                                                      const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(keys.device());
   Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  check_values(values, keys);
-  at::Tensor count = at::zeros({l.q}, lo.options());
-  at::Tensor sum = at::zeros({l.q}, lo.options().dtype(sum_dtype(values.scalar_type())));
-  if (l.p.num_keys == 0) return {count, sum};
-  l.p.results.count = count.data_ptr<int64_t>();
-  l.p.results.sums = sum.data_ptr();
-  l.p.results.values = values.data_ptr();
-  l.p.results.value_kind = static_cast<uint32_t>(value_kind_of(values.scalar_type()));
-  l.run(ResultMode::Aggregate);
-  return {count, sum};
+  check_values(values, keys.numel(), keys);
+  return cuda_results::aggregate(l, l.q, lo.options(), values, l.p.num_keys == 0);
 }
 
 }  // namespace
