@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="tree,optix")
+    ap.add_argument("--variants", default="", help="extra tree runs at B=16, e.g. 'column/binary,packed_row/linear'")
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(42)
@@ -70,29 +71,37 @@ def main() -> None:
     rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms))
     result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms, "range4_ms": sar_ms}
 
-    for backend in args.backends.split(","):
-        for b in [int(x) for x in args.bucket_sizes.split(",")]:
-            index, build_ms, peak = build_timed(lambda: CgRXIndex(keys, bucket_size=b, backend=backend))
-            mem = index.memory()
-            ms, res = timed(lambda: index.lookup(queries))
-            wrong = int((res.first_row != sa_rows).sum())
-            assert wrong == 0, f"cgRX {backend} B={b}: {wrong} wrong answers"
-            dindex = CgRXIndex(dense, bucket_size=b, backend=backend)
-            rms, rres = timed(lambda: dindex.range_lookup(lo, hi))
-            assert torch.equal(rres.count, expected), f"cgRX {backend} B={b}: range counts wrong"
-            total = sum(mem.values())
-            rows.append((f"cgRX {backend}", b, build_ms, total / 1e9, ms, rms))
-            result["runs"].append({"backend": backend, "bucket_size": b, "build_ms": build_ms, "build_peak_gb": peak,
-                                   "memory": mem, "lookup_ms": ms, "range4_ms": rms})
-            del index, dindex, res, rres
-            torch.cuda.empty_cache()
+    configs = [(backend, b, "packed_row", "binary") for backend in args.backends.split(",")
+               for b in [int(x) for x in args.bucket_sizes.split(",")]]
+    configs += [("tree", 16, *v.split("/")) for v in args.variants.split(",") if v]
+    for backend, b, layout, search in configs:
+
+        def make(ks, b=b, backend=backend, layout=layout, search=search):
+            return CgRXIndex(ks, bucket_size=b, backend=backend, layout=layout, bucket_search=search)
+
+        index, build_ms, peak = build_timed(lambda: make(keys))
+        mem = index.memory()
+        ms, res = timed(lambda: index.lookup(queries))
+        wrong = int((res.first_row != sa_rows).sum())
+        assert wrong == 0, f"cgRX {backend} B={b}: {wrong} wrong answers"
+        dindex = make(dense)
+        rms, rres = timed(lambda: dindex.range_lookup(lo, hi))
+        assert torch.equal(rres.count, expected), f"cgRX {backend} B={b}: range counts wrong"
+        total = sum(mem.values())
+        label = f"cgRX {backend}" + ("" if (layout, search) == ("packed_row", "binary") else f" {layout}/{search}")
+        rows.append((label, b, build_ms, total / 1e9, ms, rms))
+        result["runs"].append({"backend": backend, "bucket_size": b, "layout": layout, "bucket_search": search,
+                               "build_ms": build_ms, "build_peak_gb": peak,
+                               "memory": mem, "lookup_ms": ms, "range4_ms": rms})
+        del index, dindex, res, rres
+        torch.cuda.empty_cache()
 
     print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
     print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups} (all hits), "
           f"range lookups 2^{args.log_range_lookups} of 4 hits (dense keys)")
-    print(f"{'method':18s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}")
+    print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}")
     for name, b, bms, gb, ms, rms in rows:
-        print(f"{name:18s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x")
+        print(f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x")
     out = Path(__file__).parent / "results" / result["device"].replace(" ", "_")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}.json"
