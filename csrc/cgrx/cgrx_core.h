@@ -126,11 +126,32 @@ RTX_HD uint32_t count_less(const uint64_t* node, uint64_t k) {
   return c;
 }
 
-// Index of the first representative >= k. Requires k <= the largest representative.
-RTX_HD uint64_t tree_lower_bound(const uint64_t* reps, const uint64_t* tree, const TreeLayout& t, uint64_t k) {
+// Index of the first representative >= k. Requires k <= the largest representative. `level(l)` gives where
+// level l (1-based) starts, so a caller can serve the top levels from faster memory.
+template <typename LevelPtr>
+RTX_HD uint64_t tree_lower_bound_with(const uint64_t* reps, const TreeLayout& t, uint64_t k, LevelPtr&& level) {
   uint64_t node = 0;
-  for (int l = t.num_levels; l >= 1; --l) node = node * kFanout + count_less(tree + t.offset[l - 1] + node * kFanout, k);
+  for (int l = t.num_levels; l >= 1; --l) node = node * kFanout + count_less(level(l) + node * kFanout, k);
   return node * kFanout + count_less(reps + node * kFanout, k);
+}
+
+RTX_HD uint64_t tree_lower_bound(const uint64_t* reps, const uint64_t* tree, const TreeLayout& t, uint64_t k) {
+  return tree_lower_bound_with(reps, t, k, [&](int l) { return tree + t.offset[l - 1]; });
+}
+
+// The top levels of the tree are stored last and contiguously; this many entries of them (from
+// `top_levels_start` to the end of the tree array) fit a 16 KiB shared-memory copy per block.
+constexpr uint64_t kSharedTreeEntries = 2048;
+
+inline int shared_tree_from_level(const TreeLayout& t, uint64_t total, uint64_t* start) {
+  int from = t.num_levels + 1;  // no level in shared memory
+  *start = total;
+  for (int l = t.num_levels; l >= 1; --l) {
+    if (total - t.offset[l - 1] > kSharedTreeEntries) break;
+    from = l;
+    *start = t.offset[l - 1];
+  }
+  return from;
 }
 
 // The same answer by binary search over the representatives (the reference the other backends must match).

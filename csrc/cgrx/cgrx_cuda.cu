@@ -108,10 +108,26 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
   return gas::build(vertices, triangles, /*allow_update=*/false);
 }
 
-__global__ void search_kernel(LaunchParams p) {
+// The tree and binary-search backends: a persistent grid, each block first copying the tree's top levels
+// (a few KiB, read by every lookup) into shared memory; the lower levels and the representatives come
+// through L2, the bucket from device memory.
+constexpr int kSearchBlocksPerSM = 8;
+
+__global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
+  __shared__ uint64_t top[kSharedTreeEntries];
+  const bool tree = static_cast<Backend>(p.backend) == Backend::Tree;
+  if (tree) {
+    for (uint64_t i = threadIdx.x; i < p.tree_entries - p.shared_tree_start; i += blockDim.x)
+      top[i] = p.tree[p.shared_tree_start + i];
+    __syncthreads();
+  }
+  auto level = [&](int l) -> const uint64_t* {
+    const uint64_t off = p.tree_layout.offset[l - 1];
+    return l >= p.shared_tree_from ? top + (off - p.shared_tree_start) : p.tree + off;
+  };
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
-    if (static_cast<Backend>(p.backend) == Backend::Tree)
-      answer_query(p, q, [&](uint64_t k) { return tree_lower_bound(p.reps, p.tree, p.tree_layout, k); });
+    if (tree)
+      answer_query(p, q, [&](uint64_t k) { return tree_lower_bound_with(p.reps, p.tree_layout, k, level); });
     else
       answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); });
   }
@@ -143,6 +159,8 @@ struct Launch {
     p.num_reps = a.num_reps;
     p.tree = a.tree;
     p.tree_layout = a.tree_layout;
+    p.tree_entries = static_cast<uint64_t>(tree.numel());
+    p.shared_tree_from = shared_tree_from_level(a.tree_layout, p.tree_entries, &p.shared_tree_start);
     p.backend = static_cast<uint32_t>(a.backend);
     p.scene = a.scene;
     p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());
@@ -164,7 +182,9 @@ struct Launch {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
     if (static_cast<Backend>(p.backend) != Backend::OptiX || p.pairs.n == 0) {
-      search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
+      const int64_t blocks = std::min<int64_t>((p.num_queries + kBlock - 1) / kBlock,
+                                               int64_t(kSearchBlocksPerSM) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
+      search_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, current_stream()>>>(p);
       RTX_CHECK_LAUNCH();
       return;
     }
