@@ -39,8 +39,8 @@ def main() -> None:
     ap.add_argument("--log-range-lookups", type=int, default=24)
     ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
-    ap.add_argument("--backends", default="tree,optix")
-    ap.add_argument("--variants", default="", help="extra tree runs at B=16, e.g. 'column/binary,packed_row/linear'")
+    ap.add_argument("--backends", default="radix,optix,binary_search")
+    ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
     args = ap.parse_args()
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(42)
@@ -73,7 +73,7 @@ def main() -> None:
 
     configs = [(backend, b, "packed_row", "binary") for backend in args.backends.split(",")
                for b in [int(x) for x in args.bucket_sizes.split(",")]]
-    configs += [("tree", 16, *v.split("/")) for v in args.variants.split(",") if v]
+    configs += [("radix", 16, *v.split("/")) for v in args.variants.split(",") if v]
     for backend, b, layout, search in configs:
 
         def make(ks, b=b, backend=backend, layout=layout, search=search):

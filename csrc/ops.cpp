@@ -58,19 +58,19 @@ TORCH_LIBRARY(rtindex, m) {
       "int max_range_rays, Tensor values) -> (Tensor count, Tensor sum)");
 
   // cgRX: sorted key/rowID pairs in buckets, one representative per bucket. `pairs` (int32 words in the given
-  // layout), `reps` (the representatives, padded to whole tree nodes) and `tree` (the search tree over them)
-  // come from cgrx_build; `scene` is the representatives' OptiX GAS (CUDA) or triangles (CPU) from
-  // cgrx_build_scene. backend: 0 = search tree, 1 = OptiX rays, 2 = binary search over the representatives.
-  m.def("cgrx_build(Tensor keys, int bucket_size, int layout) -> (Tensor pairs, Tensor reps, Tensor tree)");
+  // layout), `reps` (the representatives) and `table` (the radix table over them, int32) come from
+  // cgrx_build; `scene_structure` is the representatives' OptiX GAS (CUDA) or triangles (CPU) from
+  // cgrx_build_scene. backend: 0 = radix table, 1 = OptiX rays, 2 = binary search over the representatives.
+  m.def("cgrx_build(Tensor keys, int bucket_size, int layout) -> (Tensor pairs, Tensor reps, Tensor table)");
   m.def("cgrx_build_scene(Tensor reps, int num_reps, int[] scene) -> Tensor");
   m.def(
-      "cgrx_lookup(Tensor pairs, Tensor reps, Tensor tree, Tensor scene_structure, Tensor lo, Tensor? hi, "
+      "cgrx_lookup(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor first_row, Tensor count)");
   m.def(
-      "cgrx_lookup_csr(Tensor pairs, Tensor reps, Tensor tree, Tensor scene_structure, Tensor lo, Tensor? hi, "
+      "cgrx_lookup_csr(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor offsets, Tensor rows)");
   m.def(
-      "cgrx_aggregate(Tensor pairs, Tensor reps, Tensor tree, Tensor scene_structure, Tensor lo, Tensor? hi, "
+      "cgrx_aggregate(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend, Tensor values) "
       "-> (Tensor count, Tensor sum)");
   m.def("cgrx_scene_rays(Tensor queries, int[] scene) -> Tensor");

@@ -23,6 +23,11 @@ def int64_keys(kind: str, n: int, gen: torch.Generator) -> torch.Tensor:
         mult[0] = 1000  # one key with multiplicity 1000
         k = torch.repeat_interleave(distinct, mult)
         return k[torch.randperm(k.numel(), generator=gen)]
+    if kind == "clustered":  # a dense run plus a sparse tail: uneven slices of the radix table
+        dense = torch.arange(0, n - n // 8, dtype=torch.int64)
+        sparse = torch.randint(I64_MIN, I64_MAX, (n // 8,), generator=gen, dtype=torch.int64)
+        k = torch.cat([dense, sparse])
+        return k[torch.randperm(k.numel(), generator=gen)]
     if kind == "narrow":  # everything inside one scene row and its neighbours
         return torch.randint(-3 * ROW, 3 * ROW, (n,), generator=gen, dtype=torch.int64)
     raise ValueError(kind)

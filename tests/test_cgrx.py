@@ -8,7 +8,7 @@ from reference import Reference, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex
 
-BACKENDS = ["tree", "optix", "binary_search"]
+BACKENDS = ["radix", "optix", "binary_search"]
 
 
 def check_range_matches(result, rows, keys, key_type="int64"):
@@ -27,7 +27,7 @@ def check_range_matches(result, rows, keys, key_type="int64"):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("kind", ["uniform", "dense", "duplicates", "narrow"])
+@pytest.mark.parametrize("kind", ["uniform", "dense", "duplicates", "narrow", "clustered"])
 @pytest.mark.parametrize("bucket_size", [1, 4, 16, 256])
 def test_point_and_range_lookups(device, gen, backend, kind, bucket_size):
     keys = int64_keys(kind, 3000, gen)
@@ -132,4 +132,4 @@ def test_bad_arguments(device):
     with pytest.raises(TypeError, match="dtype"):
         index.lookup(torch.tensor([1.0], device=device))
     assert index.lookup(torch.tensor([2], device=device)).first_row.cpu().tolist() == [1]
-    assert "backend=" in repr(index) and set(index.memory()) == {"pairs", "representatives", "search_tree", "bvh"}
+    assert "backend=" in repr(index) and set(index.memory()) == {"pairs", "representatives", "radix_table", "bvh"}

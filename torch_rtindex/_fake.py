@@ -75,7 +75,7 @@ def _(keys, bucket_size, layout):
     return (
         keys.new_empty((_dynamic_size(),), dtype=torch.int32),
         keys.new_empty((_dynamic_size(),), dtype=torch.int64),
-        keys.new_empty((_dynamic_size(),), dtype=torch.int64),
+        keys.new_empty((_dynamic_size(),), dtype=torch.int32),
     )
 
 
@@ -87,18 +87,18 @@ def _(reps, num_reps, scene):
 
 
 @register_fake("rtindex::cgrx_lookup")
-def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
+def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
     return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
 
 
 @register_fake("rtindex::cgrx_lookup_csr")
-def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
+def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
     offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
     return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
 
 
 @register_fake("rtindex::cgrx_aggregate")
-def _(pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, values):
+def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, values):
     sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
     return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
 

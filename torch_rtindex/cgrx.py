@@ -5,8 +5,9 @@ duplicates and ranges. Finding that bucket is pluggable:
 
 - ``"optix"``: closest-hit rays through a scene of the representatives (the paper's naive representation:
   triangles plus row and plane markers, up to three rays), the default on GPUs with RT cores;
-- ``"tree"``: a static 16-ary search tree over the representatives whose upper levels stay in L2, the
-  default where the GPU has no RT cores (A100, H100, H200, B200) and on the CPU;
+- ``"radix"``: a radix table over the representatives' key range narrows the search to about one
+  representative, read from L2 with the table (a few bytes per representative); the default where the GPU has
+  no RT cores (A100, H100, H200, B200) and on the CPU;
 - ``"binary_search"``: plain binary search over the representatives (the reference).
 
 Every backend gives identical answers.
@@ -23,7 +24,7 @@ from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
 LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2}
-BACKENDS = {"tree": 0, "optix": 1, "binary_search": 2}
+BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
 BUCKET_SEARCHES = ("binary", "linear")
 
 
@@ -33,7 +34,7 @@ def _ops():
 
 
 def default_backend(device: torch.device) -> str:
-    """OptiX rays where the GPU has RT cores, the search tree everywhere else."""
+    """OptiX rays where the GPU has RT cores, the radix table everywhere else."""
     if device.type == "cuda":
         from . import optix_info
 
@@ -41,8 +42,8 @@ def default_backend(device: torch.device) -> str:
             if optix_info(device)["has_rt_cores"]:
                 return "optix"
         except RuntimeError:
-            pass  # no usable OptiX: the tree needs none
-    return "tree"
+            pass  # no usable OptiX: the radix table needs none
+    return "radix"
 
 
 class CgRXIndex:
@@ -55,7 +56,7 @@ class CgRXIndex:
         bucket_size: key/rowID pairs per bucket (default 16, the paper's recommendation).
         layout: ``"packed_row"`` (12 bytes per pair, default), ``"aligned_row"`` (16) or ``"column"``.
         bucket_search: ``"binary"`` (default) or ``"linear"``.
-        backend: ``"auto"`` (default), ``"tree"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
+        backend: ``"auto"`` (default), ``"radix"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).
     """
 
@@ -100,7 +101,7 @@ class CgRXIndex:
         ops = _ops()
         ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
         self._n = ordered.numel()
-        self._pairs, self._reps, self._tree = ops.cgrx_build(ordered, self.bucket_size, LAYOUTS[self.layout])
+        self._pairs, self._reps, self._table = ops.cgrx_build(ordered, self.bucket_size, LAYOUTS[self.layout])
         self.num_buckets = -(-self._n // self.bucket_size)
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
@@ -109,11 +110,11 @@ class CgRXIndex:
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys. All-or-nothing: on error the index is unchanged."""
-        old = (self._n, self._pairs, self._reps, self._tree, self._scene, self.num_buckets)
+        old = (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets)
         try:
             self._build(keys)
         except BaseException:
-            self._n, self._pairs, self._reps, self._tree, self._scene, self.num_buckets = old
+            self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets = old
             raise
 
     # --------------------------------------------------------------------------------------------- lookups
@@ -129,7 +130,7 @@ class CgRXIndex:
                 raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
             qlo, qhi = ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
         return (
-            self._pairs, self._reps, self._tree, self._scene, qlo, qhi, self.bucket_size, LAYOUTS[self.layout],
+            self._pairs, self._reps, self._table, self._scene, qlo, qhi, self.bucket_size, LAYOUTS[self.layout],
             self.bucket_search == "linear", self.scene.as_list(), BACKENDS[self.backend],
         )
 
@@ -175,7 +176,7 @@ class CgRXIndex:
         return {
             "pairs": self._pairs.nbytes,
             "representatives": self._reps.nbytes,
-            "search_tree": self._tree.nbytes,
+            "radix_table": self._table.nbytes,
             "bvh": self._scene.nbytes,
         }
 

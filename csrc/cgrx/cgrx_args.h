@@ -8,7 +8,7 @@
 
 namespace rtindex::cgrx {
 
-enum class Backend : int64_t { Tree = 0, OptiX = 1, BinarySearch = 2 };
+enum class Backend : int64_t { Radix = 0, OptiX = 1, BinarySearch = 2 };
 
 inline Layout layout_from_int(int64_t v) {
   TORCH_CHECK(v >= 0 && v <= 2, "layout must be 0 (packed row), 1 (aligned row) or 2 (column), got ", v);
@@ -23,37 +23,35 @@ struct IndexArgs {
   Pairs pairs;
   const uint64_t* reps;
   uint64_t num_reps;
-  const uint64_t* tree;
-  TreeLayout tree_layout;
+  const int32_t* table;
   Backend backend;
   SceneConfig scene;
 };
 
-inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& tree,
+inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,
                             int64_t bucket_size, int64_t layout, bool linear_search, at::IntArrayRef scene,
                             int64_t backend) {
   const Layout l = layout_from_int(layout);
   TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
-  TORCH_CHECK(backend >= 0 && backend <= 2, "backend must be 0 (tree), 1 (optix) or 2 (binary search)");
+  TORCH_CHECK(backend >= 0 && backend <= 2, "backend must be 0 (radix table), 1 (optix) or 2 (binary search)");
   TORCH_CHECK(pairs.dim() == 1 && pairs.scalar_type() == at::kInt && pairs.is_contiguous(),
               "pairs must be the int32 tensor cgrx_build returned");
-  TORCH_CHECK(reps.dim() == 1 && reps.scalar_type() == at::kLong && reps.is_contiguous() &&
-                  tree.dim() == 1 && tree.scalar_type() == at::kLong && tree.is_contiguous(),
-              "reps and tree must be the int64 tensors cgrx_build returned");
+  TORCH_CHECK(reps.dim() == 1 && reps.scalar_type() == at::kLong && reps.is_contiguous(),
+              "reps must be the int64 tensor cgrx_build returned");
+  TORCH_CHECK(table.dim() == 1 && table.scalar_type() == at::kInt && table.is_contiguous(),
+              "table must be the int32 tensor cgrx_build returned");
   check_same_device(pairs, reps, "pairs", "reps");
-  check_same_device(pairs, tree, "pairs", "tree");
+  check_same_device(pairs, table, "pairs", "table");
   IndexArgs a;
   const int64_t n = num_pairs(pairs, l);
   TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
   a.pairs = Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
                   static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
   a.num_reps = a.pairs.num_buckets();
-  TORCH_CHECK(reps.numel() == static_cast<int64_t>(pad_to_node(a.num_reps)), "reps do not match pairs and bucket_size");
-  uint64_t total = 0;
-  a.tree_layout = tree_layout(a.num_reps, &total);
-  TORCH_CHECK(tree.numel() == static_cast<int64_t>(total), "tree does not match pairs and bucket_size");
+  TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
+  TORCH_CHECK(table.numel() == radix_table_words(a.num_reps), "table does not match pairs and bucket_size");
   a.reps = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
-  a.tree = reinterpret_cast<const uint64_t*>(tree.data_ptr<int64_t>());
+  a.table = table.data_ptr<int32_t>();
   a.backend = static_cast<Backend>(backend);
   a.scene = scene_from_list(scene);
   return a;

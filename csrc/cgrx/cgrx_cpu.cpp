@@ -15,15 +15,19 @@
 namespace rtindex::cgrx {
 namespace {
 
-// Level l of the tree from level l - 1 (shared by the build on both backends' host code).
-void fill_tree(const uint64_t* reps, uint64_t* tree, const TreeLayout& t) {
-  const uint64_t* below = reps;
-  for (int l = 1; l <= t.num_levels; ++l) {
-    uint64_t* level = tree + t.offset[l - 1];
-    const uint64_t size = t.size[l];
-    for (uint64_t j = 0; j < pad_to_node(size); ++j) level[j] = j < size ? tree_entry(below, t.size[l - 1], j) : ~uint64_t(0);
-    below = level;
+void fill_radix_table(const uint64_t* reps, uint64_t m, int32_t* table) {
+  if (m == 0) {
+    table[0] = table[1] = 0;
+    return;
   }
+  const int r = radix_log2_slots(m);
+  const int shift = radix_shift(reps[0], reps[m - 1], r);
+  table[0] = shift;
+  table[1] = r;
+  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
+  at::parallel_for(0, (int64_t(1) << r) + 1, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) entries[j] = radix_entry(reps, m, r, shift, static_cast<uint64_t>(j));
+  });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
@@ -39,15 +43,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   uint32_t* data = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
   for (int64_t i = 0; i < n; ++i) store_pair(data, n, l, i, k[order[i]], static_cast<uint32_t>(order[i]));
   const uint64_t m = (n + bucket_size - 1) / bucket_size;
-  at::Tensor reps = at::empty({static_cast<int64_t>(pad_to_node(m))}, keys.options());
+  at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
   uint64_t* r = reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>());
-  for (uint64_t b = 0; b < pad_to_node(m); ++b)
-    r[b] = b < m ? k[order[std::min<uint64_t>((b + 1) * bucket_size, n) - 1]] : ~uint64_t(0);
-  uint64_t total = 0;
-  const TreeLayout t = tree_layout(m, &total);
-  at::Tensor tree = at::empty({static_cast<int64_t>(total)}, keys.options());
-  fill_tree(r, reinterpret_cast<uint64_t*>(tree.data_ptr<int64_t>()), t);
-  return {pairs, reps, tree};
+  for (uint64_t b = 0; b < m; ++b) r[b] = k[order[std::min<uint64_t>((b + 1) * bucket_size, n) - 1]];
+  at::Tensor table = at::empty({radix_table_words(m)}, keys.options().dtype(at::kInt));
+  fill_radix_table(r, m, table.data_ptr<int32_t>());
+  return {pairs, reps, table};
 }
 
 // On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32), for inspection and the Embree test.
@@ -86,32 +87,32 @@ auto matches_of(const IndexArgs& a, const Queries& qs) {
     uint64_t b = trivial_bucket(a.pairs, a.reps, lo, hi);
     if (b == kNoBucket) return;
     if (b == kSearch)
-      b = a.backend == Backend::Tree ? tree_lower_bound(a.reps, a.tree, a.tree_layout, lo)
-                                     : reps_lower_bound(a.reps, a.num_reps, lo);
+      b = a.backend == Backend::Radix ? radix_lower_bound(a.reps, a.table, lo)
+                                      : reps_lower_bound(a.reps, a.num_reps, lo);
     visit_from_bucket(a.pairs, b, lo, hi, [&](uint32_t row) { visit(static_cast<int64_t>(row)); });
   };
 }
 
 #define CGRX_LOOKUP_ARGS                                                                                       \
-  const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &tree, const at::Tensor & /*scene_structure*/, \
+  const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor & /*scene_structure*/, \
       const at::Tensor &lo, const c10::optional<at::Tensor> &hi, int64_t bucket_size, int64_t layout,            \
       bool linear_search, at::IntArrayRef scene, int64_t backend
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cpu(CGRX_LOOKUP_ARGS) {
-  const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
+  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
   return cpu_results::first_and_count(qs.q, lo.options(), matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
-  const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
+  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
   // cgRX visits matches in (key, rowID) order, which is also its documented output order.
   return cpu_results::csr(qs.q, lo.options(), /*sort_rows=*/false, matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
-  const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
+  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
   check_values(values, static_cast<int64_t>(a.pairs.n), pairs);
   return cpu_results::aggregate(qs.q, lo.options(), values, matches_of(a, qs));

@@ -25,18 +25,24 @@ __global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int6
     store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
 }
 
-__global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t bucket_size, uint64_t* reps,
-                            int64_t padded) {
-  const int64_t m = (n + bucket_size - 1) / bucket_size;
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < padded; b += int64_t(gridDim.x) * blockDim.x) {
+__global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t bucket_size, uint64_t* reps, int64_t m) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x) {
     const int64_t last = (b + 1) * bucket_size < n ? (b + 1) * bucket_size : n;
-    reps[b] = b < m ? sorted[last - 1] : ~uint64_t(0);
+    reps[b] = sorted[last - 1];
   }
 }
 
-__global__ void tree_level_kernel(const uint64_t* below, uint64_t below_size, uint64_t* level, uint64_t size) {
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < pad_to_node(size); j += uint64_t(gridDim.x) * blockDim.x)
-    level[j] = j < size ? tree_entry(below, below_size, j) : ~uint64_t(0);
+// Every thread derives the slice width from the first and last representative itself: no host round trip.
+__global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int r, int32_t* table) {
+  const int shift = radix_shift(reps[0], reps[m - 1], r);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    table[0] = shift;
+    table[1] = r;
+  }
+  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
+  const uint64_t slots = (uint64_t(1) << r) + 1;
+  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
+    entries[j] = radix_entry(reps, m, r, shift, j);
 }
 
 __global__ void scene_kernel(const uint64_t* reps, uint64_t m, SceneConfig c, Vec3* v) {
@@ -63,26 +69,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
     RTX_CHECK_LAUNCH();
   }
   const uint64_t m = (n + bucket_size - 1) / bucket_size;
-  const int64_t padded = static_cast<int64_t>(pad_to_node(m));
-  at::Tensor reps = at::empty({padded}, keys.options());
-  if (padded > 0) {
-    reps_kernel<<<grid_for(padded), kBlock, 0, current_stream()>>>(
-        reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, bucket_size,
-        reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>()), padded);
+  at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
+  at::Tensor table = at::zeros({radix_table_words(m)}, keys.options().dtype(at::kInt));
+  if (m > 0) {
+    reps_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()),
+                                                              n, bucket_size, reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>()), m);
+    RTX_CHECK_LAUNCH();
+    const int r = radix_log2_slots(m);
+    radix_table_kernel<<<grid_for((int64_t(1) << r) + 1), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, r, table.data_ptr<int32_t>());
     RTX_CHECK_LAUNCH();
   }
-  uint64_t total = 0;
-  const TreeLayout t = tree_layout(m, &total);
-  at::Tensor tree = at::empty({static_cast<int64_t>(total)}, keys.options());
-  const uint64_t* below = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
-  for (int lvl = 1; lvl <= t.num_levels; ++lvl) {
-    uint64_t* level = reinterpret_cast<uint64_t*>(tree.data_ptr<int64_t>()) + t.offset[lvl - 1];
-    tree_level_kernel<<<grid_for(pad_to_node(t.size[lvl])), kBlock, 0, current_stream()>>>(below, t.size[lvl - 1], level,
-                                                                                          t.size[lvl]);
-    RTX_CHECK_LAUNCH();
-    below = level;
-  }
-  return {pairs, reps, tree};
+  return {pairs, reps, table};
 }
 
 at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene) {
@@ -108,26 +106,12 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
   return gas::build(vertices, triangles, /*allow_update=*/false);
 }
 
-// The tree and binary-search backends: a persistent grid, each block first copying the tree's top levels
-// (a few KiB, read by every lookup) into shared memory; the lower levels and the representatives come
-// through L2, the bucket from device memory.
-constexpr int kSearchBlocksPerSM = 8;
-
+// The radix-table and binary-search backends: one thread per query, grid-stride.
 __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
-  __shared__ uint64_t top[kSharedTreeEntries];
-  const bool tree = static_cast<Backend>(p.backend) == Backend::Tree;
-  if (tree) {
-    for (uint64_t i = threadIdx.x; i < p.tree_entries - p.shared_tree_start; i += blockDim.x)
-      top[i] = p.tree[p.shared_tree_start + i];
-    __syncthreads();
-  }
-  auto level = [&](int l) -> const uint64_t* {
-    const uint64_t off = p.tree_layout.offset[l - 1];
-    return l >= p.shared_tree_from ? top + (off - p.shared_tree_start) : p.tree + off;
-  };
+  const bool radix = static_cast<Backend>(p.backend) == Backend::Radix;
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
-    if (tree)
-      answer_query(p, q, [&](uint64_t k) { return tree_lower_bound_with(p.reps, p.tree_layout, k, level); });
+    if (radix)
+      answer_query(p, q, [&](uint64_t k) { return radix_lower_bound(p.reps, p.table, k); });
     else
       answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); });
   }
@@ -147,20 +131,17 @@ struct Launch {
   at::Tensor scene_structure;
   int device;
 
-  Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& tree, const at::Tensor& scene_structure_,
+  Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table, const at::Tensor& scene_structure_,
          const at::Tensor& lo, const c10::optional<at::Tensor>& hi, int64_t bucket_size, int64_t layout,
          bool linear_search, at::IntArrayRef scene, int64_t backend)
       : scene_structure(scene_structure_) {
-    const IndexArgs a = index_args(pairs, reps, tree, bucket_size, layout, linear_search, scene, backend);
+    const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
     check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
     check_same_device(pairs, lo, "the index", "the queries");
     p.pairs = a.pairs;
     p.reps = a.reps;
     p.num_reps = a.num_reps;
-    p.tree = a.tree;
-    p.tree_layout = a.tree_layout;
-    p.tree_entries = static_cast<uint64_t>(tree.numel());
-    p.shared_tree_from = shared_tree_from_level(a.tree_layout, p.tree_entries, &p.shared_tree_start);
+    p.table = a.table;
     p.backend = static_cast<uint32_t>(a.backend);
     p.scene = a.scene;
     p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());
@@ -182,9 +163,7 @@ struct Launch {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
     if (static_cast<Backend>(p.backend) != Backend::OptiX || p.pairs.n == 0) {
-      const int64_t blocks = std::min<int64_t>((p.num_queries + kBlock - 1) / kBlock,
-                                               int64_t(kSearchBlocksPerSM) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-      search_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, current_stream()>>>(p);
+      search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
       RTX_CHECK_LAUNCH();
       return;
     }
@@ -205,10 +184,10 @@ struct Launch {
 };
 
 #define CGRX_LOOKUP_ARGS                                                                                  \
-  const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &tree, const at::Tensor &scene_structure, \
+  const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor &scene_structure, \
       const at::Tensor &lo, const c10::optional<at::Tensor> &hi, int64_t bucket_size, int64_t layout,       \
       bool linear_search, at::IntArrayRef scene, int64_t backend
-#define CGRX_FORWARD pairs, reps, tree, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend
+#define CGRX_FORWARD pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());

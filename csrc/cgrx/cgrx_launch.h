@@ -16,11 +16,7 @@ struct LaunchParams {
   Pairs pairs;
   const uint64_t* reps;
   uint64_t num_reps;
-  const uint64_t* tree;
-  TreeLayout tree_layout;
-  uint64_t tree_entries;        // total entries of `tree`
-  uint64_t shared_tree_start;   // levels from shared_tree_from on are copied to shared memory from here
-  int32_t shared_tree_from;
+  const int32_t* table;  // radix table over the representatives
   uint32_t backend;  // Backend
   SceneConfig scene;
   const uint64_t* lo;
