@@ -62,7 +62,11 @@ TORCH_LIBRARY(rtindex, m) {
   // cgrx_build; `scene_structure` is the representatives' OptiX GAS (CUDA) or triangles (CPU) from
   // cgrx_build_scene. backend: 0 = radix table, 1 = OptiX rays, 2 = binary search over the representatives.
   m.def("cgrx_build(Tensor keys, int bucket_size, int layout) -> (Tensor pairs, Tensor reps, Tensor table)");
-  m.def("cgrx_build_scene(Tensor reps, int num_reps, int[] scene) -> Tensor");
+  // representation: 0 = naive (markers at x = -1), 1 = optimized (the paper's §3.3; needs the pairs, bucket_size
+  // and layout cgrx_build was given, for the key after each representative).
+  m.def(
+      "cgrx_build_scene(Tensor reps, int num_reps, int[] scene, int representation=0, Tensor? pairs=None, "
+      "int bucket_size=1, int layout=0) -> Tensor");
   m.def(
       "cgrx_lookup(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor first_row, Tensor count)");
@@ -73,7 +77,26 @@ TORCH_LIBRARY(rtindex, m) {
       "cgrx_aggregate(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend, Tensor values) "
       "-> (Tensor count, Tensor sum)");
-  m.def("cgrx_scene_rays(Tensor queries, int[] scene) -> Tensor");
+  // One step of the OptiX ray search for every query (CPU; for the Embree test): state and hits of the last
+  // step in (None at the start), the new state and the next rays out (cgrx_cpu.cpp).
+  m.def(
+      "cgrx_scene_rays(Tensor queries, int[] scene, Tensor reps, int num_reps, int representation=0, "
+      "Tensor? state=None, Tensor? hits=None) -> (Tensor state, Tensor rays)");
+
+  // cgRX with batch updates (node chains, csrc/cgrx/cgrx_nodes.h). Lookups use the cgrx_lookup* operators with
+  // layout 3 and the node region as `pairs`, the node size as `bucket_size`. An update is planned
+  // (cgrx_nodes_plan), nodes are reserved by the caller, then applied in place (cgrx_nodes_apply).
+  // Batches are sorted by (key, row ID); *_offsets[b] .. *_offsets[b + 1] is bucket b's slice.
+  m.def("cgrx_nodes_load(Tensor keys, Tensor rows, int node_size, float growth) -> (Tensor nodes, Tensor reps, Tensor table, int used)");
+  m.def("cgrx_find_buckets(Tensor reps, Tensor table, Tensor keys) -> Tensor");
+  m.def(
+      "cgrx_nodes_plan(Tensor nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "
+      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets) -> Tensor");
+  m.def(
+      "cgrx_nodes_apply(Tensor(a!) nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "
+      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor plan, Tensor first_new, Tensor list_offsets, "
+      "Tensor(b!) scratch) -> ()");
+  m.def("cgrx_nodes_export(Tensor nodes, int node_size, int num_buckets) -> (Tensor keys, Tensor rows)");
 
   // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.
   m.def("scene_triangles(Tensor keys, int[] scene) -> Tensor");

@@ -8,7 +8,14 @@ from reference import Reference, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex
 
-BACKENDS = ["radix", "optix", "binary_search"]
+# Index options per backend; "optix" is tried in both scene representations (optimized is its default).
+BACKENDS = [
+    {"backend": "radix"},
+    {"backend": "optix"},
+    {"backend": "optix", "representation": "naive"},
+    {"backend": "binary_search"},
+]
+BACKEND_IDS = ["-".join(b.values()) for b in BACKENDS]
 
 
 def check_range_matches(result, rows, keys, key_type="int64"):
@@ -26,12 +33,12 @@ def check_range_matches(result, rows, keys, key_type="int64"):
         np.testing.assert_array_equal(order, np.arange(len(seg)), err_msg=f"query {i} not in key order")
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
 @pytest.mark.parametrize("kind", ["uniform", "dense", "duplicates", "narrow", "clustered"])
 @pytest.mark.parametrize("bucket_size", [1, 4, 16, 256])
 def test_point_and_range_lookups(device, gen, backend, kind, bucket_size):
     keys = int64_keys(kind, 3000, gen)
-    index = CgRXIndex(keys.to(device), bucket_size=bucket_size, backend=backend)
+    index = CgRXIndex(keys.to(device), bucket_size=bucket_size, **backend)
     ref = Reference(keys, "int64")
     q = point_queries(keys, 2000, gen)
     first, count, rows = ref.points(q)
@@ -63,7 +70,7 @@ def test_key_types(device, gen, key_type):
     width = 10.0 if keys.dtype.is_floating_point else 2**40
     lo, hi = range_queries(keys, 300, gen, width)
     for backend in BACKENDS:
-        index = CgRXIndex(keys.to(device), key_type=key_type if key_type == "uint64" else None, backend=backend)
+        index = CgRXIndex(keys.to(device), key_type=key_type if key_type == "uint64" else None, **backend)
         first, count, _ = ref.points(q)
         check_lookup(index.lookup(q.to(device)), first, count)
         first, count, rows = ref.ranges(lo, hi)
@@ -74,13 +81,13 @@ def test_key_types(device, gen, key_type):
 def test_edges(device):
     keys = torch.tensor([-(2**63), 2**63 - 1, 0, -1, 0, 0], dtype=torch.int64)
     for backend in BACKENDS:
-        index = CgRXIndex(keys.to(device), bucket_size=2, backend=backend)
+        index = CgRXIndex(keys.to(device), bucket_size=2, **backend)
         r = index.lookup(torch.tensor([-(2**63), 2**63 - 1, 0, -1, 5], device=device))
         assert r.first_row.cpu().tolist() == [0, 1, 2, 3, -1]
         assert r.count.cpu().tolist() == [1, 1, 3, 1, 0]
-        u = CgRXIndex(keys.to(device), key_type="uint64", backend=backend)
+        u = CgRXIndex(keys.to(device), key_type="uint64", **backend)
         assert u.lookup(torch.tensor([0, -1], device=device)).first_row.cpu().tolist() == [2, 3]
-        empty = CgRXIndex(torch.empty(0, dtype=torch.int64, device=device), backend=backend)
+        empty = CgRXIndex(torch.empty(0, dtype=torch.int64, device=device), **backend)
         assert empty.lookup(torch.tensor([1], device=device)).first_row.cpu().tolist() == [-1]
         assert empty.range(torch.tensor([0], device=device), torch.tensor([9], device=device)).rows.numel() == 0
         nothing = index.lookup(torch.empty(0, dtype=torch.int64, device=device))
@@ -95,7 +102,7 @@ def test_aggregate(device, gen, dtype):
     q = point_queries(keys, 500, gen)
     _, count, rows = ref.points(q)
     for backend in BACKENDS:
-        index = CgRXIndex(keys.to(device), backend=backend)
+        index = CgRXIndex(keys.to(device), **backend)
         agg = index.aggregate(q.to(device), values.to(device))
         np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
         np.testing.assert_allclose(agg.sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
@@ -113,7 +120,7 @@ def test_fuzz_backends_agree(device, seed):
     p_first, p_count, _ = ref.points(q)
     r_first, r_count, _ = ref.ranges(lo, hi)
     for backend in BACKENDS:
-        index = CgRXIndex(keys.to(device), bucket_size=bucket_size, backend=backend)
+        index = CgRXIndex(keys.to(device), bucket_size=bucket_size, **backend)
         check_lookup(index.lookup(q.to(device)), p_first, p_count)
         check_lookup(index.range_lookup(lo.to(device), hi.to(device)), r_first, r_count)
 

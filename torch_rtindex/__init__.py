@@ -14,9 +14,12 @@ import torch
 
 from . import _extension
 from .cgrx import CgRXIndex
-from .results import Aggregate, Lookup, Matches
+from .cgrx_updatable import UpdatableCgRXIndex
+from .results import Aggregate, Lookup, Matches, UpdateResult
 from .rx import RXIndex
 from .scene import SceneConfig
+from .embedding import IdToRow
+from .join import join, range_join
 
 __version__ = "0.1.0"
 
@@ -40,4 +43,5 @@ def optix_info(device: int | torch.device | None = None) -> dict:
     }
 
 
-__all__ = ["RXIndex", "CgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
+__all__ = ["RXIndex", "CgRXIndex", "UpdatableCgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
+__all__ += ["IdToRow", "join", "range_join"]

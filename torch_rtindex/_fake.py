@@ -80,7 +80,7 @@ def _(keys, bucket_size, layout):
 
 
 @register_fake("rtindex::cgrx_build_scene")
-def _(reps, num_reps, scene):
+def _(reps, num_reps, scene, representation=0, pairs=None, bucket_size=1, layout=0):
     if reps.device.type == "cpu":
         return reps.new_empty((_dynamic_size(), 3, 3), dtype=torch.float32)
     return reps.new_empty((_dynamic_size(),), dtype=torch.uint8)
@@ -104,5 +104,38 @@ def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_s
 
 
 @register_fake("rtindex::cgrx_scene_rays")
-def _(queries, scene):
-    return queries.new_empty((queries.shape[0], 3, 8), dtype=torch.float32)
+def _(queries, scene, reps, num_reps, representation=0, state=None, hits=None):
+    n = queries.shape[0]
+    return queries.new_empty((n, 2), dtype=torch.int64), queries.new_empty((n, 8), dtype=torch.float32)
+
+
+@register_fake("rtindex::cgrx_nodes_load")
+def _(keys, rows, node_size, growth):
+    return (
+        keys.new_empty((_dynamic_size(),), dtype=torch.int32),
+        keys.new_empty((_dynamic_size(),), dtype=torch.int64),
+        keys.new_empty((_dynamic_size(),), dtype=torch.int32),
+        _dynamic_size(),
+    )
+
+
+@register_fake("rtindex::cgrx_find_buckets")
+def _(reps, table, keys):
+    return keys.new_empty(keys.shape, dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_nodes_plan")
+def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets):
+    return del_offsets.new_empty((del_offsets.shape[0] - 1, 5), dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_nodes_apply")
+def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets, plan, first_new,
+      list_offsets, scratch):
+    return None
+
+
+@register_fake("rtindex::cgrx_nodes_export")
+def _(nodes, node_size, num_buckets):
+    n = _dynamic_size()
+    return nodes.new_empty((n,), dtype=torch.int64), nodes.new_empty((n,), dtype=torch.int32)

@@ -3,8 +3,11 @@
 A lookup finds the bucket of the first representative >= key, searches that bucket and scans on for
 duplicates and ranges. Finding that bucket is pluggable:
 
-- ``"optix"``: closest-hit rays through a scene of the representatives (the paper's naive representation:
-  triangles plus row and plane markers, up to three rays), the default on GPUs with RT cores;
+- ``"optix"``: closest-hit rays through a scene of the representatives, the default on GPUs with RT cores.
+  ``representation="optimized"`` (default) is the paper's optimized scene (§3.3): every populated row and
+  plane ends with a triangle at its last slot (a representative moved there or an inserted one), triangles
+  alone in their row are flipped (seen as back faces), usually one or two rays; ``"naive"`` (§3.2) adds row
+  and plane markers at x = -1 instead, up to three rays;
 - ``"radix"``: a radix table over the representatives' key range narrows the search to about one
   representative, read from L2 with the table (a few bytes per representative); the default where the GPU has
   no RT cores (A100, H100, H200, B200) and on the CPU;
@@ -26,6 +29,7 @@ CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 
 LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2}
 BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
 BUCKET_SEARCHES = ("binary", "linear")
+REPRESENTATIONS = {"naive": 0, "optimized": 1}
 
 
 def _ops():
@@ -58,6 +62,8 @@ class CgRXIndex:
         bucket_search: ``"binary"`` (default) or ``"linear"``.
         backend: ``"auto"`` (default), ``"radix"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).
+        representation: the OptiX scene's representation, ``"optimized"`` (default) or ``"naive"``; only the
+            ``"optix"`` backend builds a scene, and every representation gives the same answers.
     """
 
     def __init__(
@@ -70,6 +76,7 @@ class CgRXIndex:
         bucket_search: str = "binary",
         backend: str = "auto",
         scene: SceneConfig | None = None,
+        representation: str = "optimized",
     ) -> None:
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
@@ -81,6 +88,8 @@ class CgRXIndex:
             raise ValueError(f"bucket_search must be one of {BUCKET_SEARCHES}, got {bucket_search!r}")
         if backend != "auto" and backend not in BACKENDS:
             raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
+        if representation not in REPRESENTATIONS:
+            raise ValueError(f"representation must be one of {sorted(REPRESENTATIONS)}, got {representation!r}")
         self.key_type = resolve_key_type(keys, key_type)
         self.key_dtype = keys.dtype
         self.device = keys.device
@@ -90,6 +99,7 @@ class CgRXIndex:
         self.backend = default_backend(self.device) if backend == "auto" else backend
         # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
         self.scene = scene or CGRX_SCENE
+        self.representation = representation
         self._build(keys)
 
     def _build(self, keys: torch.Tensor) -> None:
@@ -104,7 +114,10 @@ class CgRXIndex:
         self._pairs, self._reps, self._table = ops.cgrx_build(ordered, self.bucket_size, LAYOUTS[self.layout])
         self.num_buckets = -(-self._n // self.bucket_size)
         if self.backend == "optix" and self.device.type == "cuda":
-            self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
+            self._scene = ops.cgrx_build_scene(
+                self._reps, self.num_buckets, self.scene.as_list(), REPRESENTATIONS[self.representation],
+                self._pairs, self.bucket_size, LAYOUTS[self.layout],
+            )
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
 

@@ -26,6 +26,16 @@ class Matches(NamedTuple):
         return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
 
 
+class UpdateResult(NamedTuple):
+    """What an update batch did: pairs inserted, pairs deleted, deletions that named nothing present, and the
+    row IDs of the inserted keys."""
+
+    inserted: int
+    deleted: int
+    absent: int
+    rows: torch.Tensor
+
+
 class Aggregate(NamedTuple):
     """Per query: the number of matches and the sum of a value column over the matching rows."""
 

@@ -2,9 +2,15 @@
 
 On CUDA tensors the keys become triangles of an OptiX BVH and every lookup is a ray traced by OptiX; on CPU
 tensors the same operators answer from a sorted copy of the keys (the reference implementation).
+
+State and devices: :meth:`RXIndex.state_dict` holds the keys as the caller gave them plus the configuration,
+never the BVH (an OptiX structure is tied to its device address); :meth:`RXIndex.from_state_dict`,
+:meth:`RXIndex.load_state_dict` and :meth:`RXIndex.to` build a new BVH from those keys.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -14,6 +20,20 @@ from .results import Aggregate, Lookup, Matches
 from .scene import RX_DEFAULT, SceneConfig
 
 DEFAULT_MAX_RANGE_RAYS = 1024
+
+# What state_dict() holds: plain tensors, strings, ints, bools and lists, so that
+# torch.load(..., weights_only=True) (the default) reads it back.
+_STATE_FORMAT = "torch_rtindex.RXIndex"
+_STATE_VERSION = 1
+_STATE_KEYS = ("format", "version", "keys", "key_type", "scene", "allow_update", "max_range_rays")
+
+
+def _version_counter(t: torch.Tensor) -> int | None:
+    """A tensor's in-place modification counter (None for inference tensors, which have none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
 
 
 def _ops():
@@ -33,6 +53,10 @@ class RXIndex:
         allow_update: build an updatable (uncompacted) BVH so that :meth:`refit` can move keys in place.
         max_range_rays: a range lookup fires one ray per row of the scene it touches; a range spanning more
             rows than this is answered by scanning the keys instead (same answer, cost O(n)).
+
+    The index keeps a reference to ``keys`` (no copy) for :meth:`state_dict`; modifying that tensor in place
+    afterwards does not change the index (call :meth:`rebuild`), and :meth:`state_dict` then refuses to save it.
+    Lookups work inside ``torch.compile(fullgraph=True)``; see the README for the CSR-returning ones.
     """
 
     def __init__(
@@ -74,14 +98,19 @@ class RXIndex:
             self.unique_keys = True
         self._keys = ordered
         self._structure = _ops().rx_build(ordered, self.scene.as_list(), self.allow_update)
+        self._set_source(keys)
+
+    def _set_source(self, keys: torch.Tensor) -> None:
+        self._source = keys  # the caller's tensor, as given, for state_dict()
+        self._source_version = _version_counter(keys)
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys (the paper's update path). All-or-nothing: on error the index is unchanged."""
-        old = (self._keys, self._structure, self.unique_keys)
+        old = (self._keys, self._structure, self.unique_keys, self._source, self._source_version)
         try:
             self._build(keys)
         except BaseException:
-            self._keys, self._structure, self.unique_keys = old
+            self._keys, self._structure, self.unique_keys, self._source, self._source_version = old
             raise
 
     def refit(self, keys: torch.Tensor) -> None:
@@ -96,6 +125,7 @@ class RXIndex:
         ordered = self._map_keys(keys)
         _ops().rx_refit(self._structure, ordered, self.scene.as_list())
         self._keys = ordered
+        self._set_source(keys)
         if ordered.numel() > 1:
             s = torch.sort(ordered).values
             self.unique_keys = not bool((s[1:] == s[:-1]).any())
@@ -112,6 +142,14 @@ class RXIndex:
         return _ops().map_ranges(lo, hi, KEY_TYPES[self.key_type])
 
     def _args(self, lo, hi):
+        eager_cuda = self.device.type == "cuda" and not torch.compiler.is_compiling()
+        if eager_cuda and torch.cuda.is_current_stream_capturing():
+            # Capturing an OptiX launch fails inside OptiX with an illegal memory access that poisons the CUDA
+            # context for the rest of the process (seen on an H100): refuse before that happens.
+            raise RuntimeError(
+                "RX lookups on CUDA cannot be captured in a CUDA graph (torch.cuda.graph, or torch.compile with "
+                "mode='reduce-overhead'); run them outside the capture, e.g. with torch.compile's default mode"
+            )
         qlo, qhi = self._queries(lo, hi)
         return (self._structure, self._keys, qlo, qhi, self.scene.as_list(), self.unique_keys, self.max_range_rays)
 
@@ -148,12 +186,104 @@ class RXIndex:
             raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
         return values.contiguous()
 
+    # ---------------------------------------------------------------------------------- state and devices
+    def state_dict(self) -> dict[str, Any]:
+        """The keys as given to the constructor (or the last :meth:`rebuild` / :meth:`refit`) plus the configuration.
+
+        Holds no BVH: loading builds a new one. The ``"keys"`` entry is the caller's tensor itself (not a copy),
+        with its dtype and device; everything else is a plain str/int/bool/list, so
+        ``torch.save(index.state_dict(), f)`` and ``torch.load(f)`` (``weights_only=True``) round-trip it.
+
+        Raises:
+            RuntimeError: the key tensor was modified in place after the index was built from it, so it no
+                longer holds the keys this index answers for.
+        """
+        if self._source_version is not None and _version_counter(self._source) != self._source_version:
+            raise RuntimeError(
+                "the key tensor this index was built from was modified in place afterwards, so it no longer holds "
+                "the indexed keys; call index.rebuild(keys) to index the new values, or save before modifying"
+            )
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "keys": self._source,
+            "key_type": self.key_type,
+            "scene": self.scene.as_list(),
+            "allow_update": self.allow_update,
+            "max_range_rays": self.max_range_rays,
+        }
+
+    @staticmethod
+    def _options_from_state(state: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(state, dict):
+            raise TypeError(f"an RXIndex state is a dict (from RXIndex.state_dict()), got {type(state).__name__}")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        unexpected = sorted(str(k) for k in state if k not in _STATE_KEYS)
+        if missing or unexpected:
+            raise KeyError(f"not an RXIndex state: missing entries {missing}, unexpected entries {unexpected}")
+        if state["format"] != _STATE_FORMAT or state["version"] != _STATE_VERSION:
+            raise ValueError(
+                f"not an RXIndex state of version {_STATE_VERSION}: format {state['format']!r}, "
+                f"version {state['version']!r}"
+            )
+        if not isinstance(state["keys"], torch.Tensor):
+            raise TypeError(f"the state's keys must be a tensor, got {type(state['keys']).__name__}")
+        return {
+            "key_type": state["key_type"],
+            "scene": SceneConfig(*state["scene"]),
+            "allow_update": state["allow_update"],
+            "max_range_rays": state["max_range_rays"],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], device: torch.device | str | None = None) -> "RXIndex":
+        """A new index built from :meth:`state_dict`'s output, on ``device`` (default: where the state's keys are)."""
+        options = cls._options_from_state(state)
+        keys = state["keys"] if device is None else state["keys"].to(device)
+        return cls(keys, **options)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replaces this index by the one ``state`` describes, built on this index's device.
+
+        All-or-nothing: if the state is malformed or its keys are rejected, the index is unchanged.
+        """
+        options = self._options_from_state(state)
+        fresh = type(self)(state["keys"].to(self.device), **options)
+        self.__dict__.update(fresh.__dict__)
+
+    def to(self, device: torch.device | str | int) -> "RXIndex":
+        """The index on ``device``: a new index built there from the keys, or ``self`` if it is there already.
+
+        The BVH is rebuilt rather than copied (an OptiX structure is bound to its device address).
+        """
+        keys = self._source.to(device)
+        if keys.device == self.device:
+            return self
+        return type(self).from_state_dict({**self.state_dict(), "keys": keys})
+
+    def cpu(self) -> "RXIndex":
+        """The index on the CPU (see :meth:`to`)."""
+        return self.to("cpu")
+
+    def cuda(self, device: torch.device | str | int | None = None) -> "RXIndex":
+        """The index on a CUDA device, the current one by default (see :meth:`to`)."""
+        if device is None:
+            return self.to("cuda")
+        return self.to(device if isinstance(device, (torch.device, str)) else torch.device("cuda", device))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (torch.save(index), copy.deepcopy) goes through state_dict: the BVH is rebuilt, never copied.
+        return self.state_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(type(self).from_state_dict(state).__dict__)
+
     # ----------------------------------------------------------------------------------------- reporting
     def __len__(self) -> int:
         return self._keys.numel()
 
     def memory(self) -> dict[str, int]:
-        """Bytes held on the index's device, per part."""
+        """Bytes held on the index's device, per part (the caller's key tensor, only referenced, not counted)."""
         part = "bvh" if self.device.type == "cuda" else "sorted_keys"
         return {part: self._structure.nbytes, "keys": self._keys.nbytes}
 

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "../core/checks.h"
+#include "cgrx_answer.h"
 #include "cgrx_core.h"
 
 namespace rtindex::cgrx {
@@ -11,7 +12,7 @@ namespace rtindex::cgrx {
 enum class Backend : int64_t { Radix = 0, OptiX = 1, BinarySearch = 2 };
 
 inline Layout layout_from_int(int64_t v) {
-  TORCH_CHECK(v >= 0 && v <= 2, "layout must be 0 (packed row), 1 (aligned row) or 2 (column), got ", v);
+  TORCH_CHECK(v >= 0 && v <= 3, "layout must be 0 (packed row), 1 (aligned row), 2 (column) or 3 (nodes), got ", v);
   return static_cast<Layout>(v);
 }
 
@@ -20,7 +21,7 @@ inline int64_t num_pairs(const at::Tensor& pairs, Layout l) {
 }
 
 struct IndexArgs {
-  Pairs pairs;
+  Storage storage;
   const uint64_t* reps;
   uint64_t num_reps;
   const int32_t* table;
@@ -42,19 +43,35 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
               "table must be the int32 tensor cgrx_build returned");
   check_same_device(pairs, reps, "pairs", "reps");
   check_same_device(pairs, table, "pairs", "table");
-  IndexArgs a;
-  const int64_t n = num_pairs(pairs, l);
-  TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
-  a.pairs = Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
-                  static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
-  a.num_reps = a.pairs.num_buckets();
-  TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
-  TORCH_CHECK(table.numel() == radix_table_words(a.num_reps), "table does not match pairs and bucket_size");
+  IndexArgs a{};
+  if (l == Layout::Nodes) {
+    // Updatable index: `pairs` holds the node region, bucket_size is the node size, one bucket per representative.
+    TORCH_CHECK(bucket_size % 2 == 0 && pairs.numel() % node_words(static_cast<uint32_t>(bucket_size)) == 0,
+                "the node region does not match the node size");
+    a.num_reps = static_cast<uint64_t>(reps.numel());
+    a.storage.nodes = Nodes{reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint32_t>(bucket_size),
+                            a.num_reps};
+    a.storage.use_nodes = true;
+  } else {
+    const int64_t n = num_pairs(pairs, l);
+    TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
+    a.storage.pairs = Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
+                    static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
+    a.num_reps = a.storage.pairs.num_buckets();
+    TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
+  }
+  TORCH_CHECK(table.numel() == radix_table_words(a.num_reps), "table does not match the representatives");
   a.reps = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   a.table = table.data_ptr<int32_t>();
   a.backend = static_cast<Backend>(backend);
   a.scene = scene_from_list(scene);
   return a;
+}
+
+// Values are indexed by row ID: for the read-only index one per key; for the updatable index the Python
+// API checks that they cover every row ID it handed out.
+inline void check_cgrx_values(const at::Tensor& values, const Storage& st, const at::Tensor& index) {
+  check_values(values, st.use_nodes ? values.numel() : static_cast<int64_t>(st.pairs.n), index);
 }
 
 }  // namespace rtindex::cgrx

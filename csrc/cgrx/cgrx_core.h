@@ -15,6 +15,7 @@ enum class Layout : uint32_t {
   PackedRow = 0,   // 12 bytes per pair: key low word, key high word, rowID (the paper's choice)
   AlignedRow = 1,  // 16 bytes per pair: 64-bit key, rowID, padding
   Column = 2,      // all keys (8 bytes each), then all rowIDs (4 bytes each)
+  Nodes = 3,       // updatable: chains of fixed-size nodes per bucket (cgrx_nodes.h)
 };
 
 RTX_HD int64_t layout_words(Layout l, int64_t n) {  // int32 words the pairs take

@@ -51,15 +51,47 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   return {pairs, reps, table};
 }
 
-// On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32), for inspection and the Embree test.
-at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene) {
+// The sorted keys the optimized representation reads (the key after each representative), checked against
+// the representatives; an empty view where the naive representation needs none.
+Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,
+                  int64_t num_reps) {
+  Pairs p{nullptr, 0, 0, 1, 0};
+  if (r != Representation::Optimized) return p;
+  TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
+  const Layout l = layout_from_int(layout);
+  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  TORCH_CHECK(pairs->dim() == 1 && pairs->scalar_type() == at::kInt && pairs->is_contiguous(),
+              "pairs must be the int32 tensor cgrx_build returned");
+  const int64_t n = num_pairs(*pairs, l);
+  TORCH_CHECK(pairs->numel() == layout_words(l, n), "pairs has ", pairs->numel(), " words, not a whole number of pairs");
+  TORCH_CHECK((n + bucket_size - 1) / bucket_size == num_reps, "num_reps does not match pairs and bucket_size");
+  p.data = reinterpret_cast<const uint32_t*>(pairs->data_ptr<int32_t>());
+  p.n = static_cast<uint64_t>(n);
+  p.layout = static_cast<uint32_t>(l);
+  p.bucket_size = static_cast<uint32_t>(bucket_size);
+  return p;
+}
+
+Representation representation_from_int(int64_t v) {
+  TORCH_CHECK(v == 0 || v == 1, "representation must be 0 (naive) or 1 (optimized), got ", v);
+  return static_cast<Representation>(v);
+}
+
+// On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32, NaN for inactive slots), for inspection
+// and the Embree test; T = SceneShape::num_triangles(), the same buffer the CUDA build hands to OptiX.
+at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
+                                const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout) {
   const SceneConfig c = scene_from_list(scene);
-  TORCH_CHECK(num_reps >= 0 && num_reps <= reps.numel(), "num_reps out of range");
+  const Representation rep = representation_from_int(representation);
+  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
+              "num_reps out of range");
+  const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, num_reps);
+  if (p.data != nullptr) check_same_device(reps, *pairs, "reps", "pairs");
   const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
-  const SceneShape s = scene_shape(r, num_reps, c);
+  const SceneShape s = scene_shape(r, num_reps, c, rep);
   at::Tensor tris = at::empty({static_cast<int64_t>(s.num_triangles()), 3, 3}, reps.options().dtype(at::kFloat));
   Vec3* v = reinterpret_cast<Vec3*>(tris.data_ptr<float>());
-  for (int64_t b = 0; b < num_reps; ++b) bucket_triangles(r, s, b, c, v);
+  for (int64_t b = 0; b < num_reps; ++b) bucket_triangles(r, p, s, b, c, v);
   return tris;
 }
 
@@ -84,12 +116,10 @@ Queries queries_of(const at::Tensor& pairs, const at::Tensor& lo, const c10::opt
 auto matches_of(const IndexArgs& a, const Queries& qs) {
   return [&a, &qs](int64_t i, auto&& visit) {
     const uint64_t lo = qs.lo[i], hi = qs.hi ? qs.hi[i] : lo;
-    uint64_t b = trivial_bucket(a.pairs, a.reps, lo, hi);
-    if (b == kNoBucket) return;
-    if (b == kSearch)
-      b = a.backend == Backend::Radix ? radix_lower_bound(a.reps, a.table, lo)
-                                      : reps_lower_bound(a.reps, a.num_reps, lo);
-    visit_from_bucket(a.pairs, b, lo, hi, [&](uint32_t row) { visit(static_cast<int64_t>(row)); });
+    auto find = [&](uint64_t k) {
+      return a.backend == Backend::Radix ? radix_lower_bound(a.reps, a.table, k) : reps_lower_bound(a.reps, a.num_reps, k);
+    };
+    visit_matches(a.storage, a.reps, a.num_reps, lo, hi, find, [&](uint32_t row) { visit(static_cast<int64_t>(row)); });
   };
 }
 
@@ -114,31 +144,63 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
-  check_values(values, static_cast<int64_t>(a.pairs.n), pairs);
+  check_cgrx_values(values, a.storage, pairs);
   return cpu_results::aggregate(qs.q, lo.options(), values, matches_of(a, qs));
 }
 
-// [q, 3, 8]: the same-row, next-row and next-plane rays of each query (origin, direction, tmin, tmax);
-// tmax is -1 where a query has no next row or plane.
-at::Tensor cgrx_scene_rays_cpu(const at::Tensor& queries, at::IntArrayRef scene) {
+// One step of the OptiX backend's ray search (ray_search_step, cgrx_scene.h) for every query, so that a test
+// can trace the rays with another ray tracer and run the GPU's exact search. state: int64 [q, 2] (stage, bucket;
+// None at the start); hits: int64 [q, 2] (closest-hit slot or -1, back face 0/1) of the rays the last step
+// returned (None at the start). Returns the new state (bucket -1: none) and the next ray of each query
+// [q, 8] (origin, direction, tmin, tmax; tmax = -1 where the search is over).
+std::tuple<at::Tensor, at::Tensor> cgrx_scene_rays_cpu(const at::Tensor& queries, at::IntArrayRef scene,
+                                                       const at::Tensor& reps, int64_t num_reps, int64_t representation,
+                                                       const c10::optional<at::Tensor>& state,
+                                                       const c10::optional<at::Tensor>& hits) {
   check_ordered_keys(queries, "queries");
   const SceneConfig c = scene_from_list(scene);
-  at::Tensor out = at::empty({queries.numel(), 3, 8}, queries.options().dtype(at::kFloat));
+  const Representation rep = representation_from_int(representation);
+  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && reps.device().is_cpu() && num_reps >= 1 &&
+                  num_reps <= reps.numel(),
+              "reps must be the CPU int64 representatives with 1 <= num_reps <= their length");
+  const int64_t nq = queries.numel();
+  auto check_pair_tensor = [&](const c10::optional<at::Tensor>& t, const char* name) {
+    TORCH_CHECK(!t.has_value() || (t->scalar_type() == at::kLong && t->is_contiguous() && t->dim() == 2 &&
+                                   t->size(0) == nq && t->size(1) == 2),
+                name, " must be an int64 [queries, 2] tensor");
+  };
+  check_pair_tensor(state, "state");
+  check_pair_tensor(hits, "hits");
+  const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
+  SceneView view{r, scene_shape(r, num_reps, c, rep), c};
   const uint64_t* q = reinterpret_cast<const uint64_t*>(queries.data_ptr<int64_t>());
-  float* o = out.data_ptr<float>();
-  for (int64_t i = 0; i < queries.numel(); ++i) {
-    const CgrxRays r = cgrx_rays(q[i], c);
-    const Ray* rays[3] = {&r.same_row, &r.next_row, &r.next_plane};
-    const bool present[3] = {true, r.has_next_row, r.has_next_plane};
-    for (int j = 0; j < 3; ++j) {
-      float* d = o + (i * 3 + j) * 8;
-      const Ray& x = *rays[j];
-      const float v[8] = {x.origin.x, x.origin.y, x.origin.z, x.direction.x, x.direction.y, x.direction.z,
-                          x.tmin, present[j] ? x.tmax : -1.0f};
-      std::copy(v, v + 8, d);
+  at::Tensor out_state = at::empty({nq, 2}, queries.options());
+  at::Tensor out_rays = at::empty({nq, 8}, queries.options().dtype(at::kFloat));
+  const int64_t* st = state.has_value() ? state->data_ptr<int64_t>() : nullptr;
+  const int64_t* hi = hits.has_value() ? hits->data_ptr<int64_t>() : nullptr;
+  int64_t* os = out_state.data_ptr<int64_t>();
+  float* o = out_rays.data_ptr<float>();
+  for (int64_t i = 0; i < nq; ++i) {
+    RaySearch s = ray_search_start(q[i]);
+    if (st) {
+      TORCH_CHECK(st[2 * i] >= 0 && st[2 * i] <= static_cast<int64_t>(RayStage::Done), "state holds an unknown stage");
+      s.stage = static_cast<uint32_t>(st[2 * i]);
+      s.bucket = static_cast<uint64_t>(st[2 * i + 1]);
     }
+    RayHit h{kRayMiss, 0};
+    if (hi && hi[2 * i] >= 0) {
+      TORCH_CHECK(static_cast<uint64_t>(hi[2 * i]) < view.shape.num_triangles(), "hit slot out of range");
+      h = RayHit{static_cast<uint32_t>(hi[2 * i]), hi[2 * i + 1] != 0 ? 1u : 0u};
+    }
+    Ray x{};
+    const bool more = s.stage != static_cast<uint32_t>(RayStage::Done) && ray_search_step(view, s, h, x);
+    os[2 * i] = s.stage;
+    os[2 * i + 1] = static_cast<int64_t>(s.bucket);  // kNoBucket reads as -1
+    const float v[8] = {x.origin.x, x.origin.y, x.origin.z, x.direction.x, x.direction.y, x.direction.z,
+                        x.tmin, more ? x.tmax : -1.0f};
+    std::copy(v, v + 8, o + i * 8);
   }
-  return out;
+  return {out_state, out_rays};
 }
 
 }  // namespace

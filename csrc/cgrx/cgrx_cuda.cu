@@ -17,7 +17,8 @@
 namespace rtindex::cgrx {
 namespace {
 
-const optix::ProgramSet kCgrxPrograms{"cgrx", "__raygen__cgrx", "__miss__cgrx", "__closesthit__cgrx", nullptr, 1};
+// Two payload values: the closest hit's primitive index and its back-face bit (cgrx_programs.cu).
+const optix::ProgramSet kCgrxPrograms{"cgrx", "__raygen__cgrx", "__miss__cgrx", "__closesthit__cgrx", nullptr, 2};
 
 __global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int64_t* __restrict__ rows, uint32_t* pairs,
                                    int64_t n, Layout l) {
@@ -45,10 +46,9 @@ __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int r, int3
     entries[j] = radix_entry(reps, m, r, shift, j);
 }
 
-__global__ void scene_kernel(const uint64_t* reps, uint64_t m, SceneConfig c, Vec3* v) {
-  const SceneShape s = scene_shape(reps, m, c);
-  for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < m; b += uint64_t(gridDim.x) * blockDim.x)
-    bucket_triangles(reps, s, b, c, v);
+__global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, SceneConfig c, Vec3* v) {
+  for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < s.num_buckets; b += uint64_t(gridDim.x) * blockDim.x)
+    bucket_triangles(reps, pairs, s, b, c, v);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
@@ -83,12 +83,40 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
   return {pairs, reps, table};
 }
 
-at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene) {
+// The sorted keys the optimized representation reads (the key after each representative), checked against
+// the representatives (as on the CPU); an empty view where the naive representation needs none.
+Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,
+                  const at::Tensor& reps, int64_t num_reps) {
+  Pairs p{nullptr, 0, 0, 1, 0};
+  if (r != Representation::Optimized) return p;
+  TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
+  const Layout l = layout_from_int(layout);
+  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  TORCH_CHECK(pairs->dim() == 1 && pairs->scalar_type() == at::kInt && pairs->is_contiguous(),
+              "pairs must be the int32 tensor cgrx_build returned");
+  check_same_device(reps, *pairs, "reps", "pairs");
+  const int64_t n = num_pairs(*pairs, l);
+  TORCH_CHECK(pairs->numel() == layout_words(l, n), "pairs has ", pairs->numel(), " words, not a whole number of pairs");
+  TORCH_CHECK((n + bucket_size - 1) / bucket_size == num_reps, "num_reps does not match pairs and bucket_size");
+  p.data = reinterpret_cast<const uint32_t*>(pairs->data_ptr<int32_t>());
+  p.n = static_cast<uint64_t>(n);
+  p.layout = static_cast<uint32_t>(l);
+  p.bucket_size = static_cast<uint32_t>(bucket_size);
+  return p;
+}
+
+at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
+                                 const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout) {
   const SceneConfig c = scene_from_list(scene);
-  TORCH_CHECK(reps.scalar_type() == at::kLong && num_reps >= 0 && num_reps <= reps.numel(), "num_reps out of range");
+  TORCH_CHECK(representation == 0 || representation == 1,
+              "representation must be 0 (naive) or 1 (optimized), got ", representation);
+  const Representation rep = static_cast<Representation>(representation);
+  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
+              "num_reps out of range");
   const c10::cuda::CUDAGuard guard(reps.device());
+  const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, reps, num_reps);
   // The shape (how many marker slots) needs the first and last representative on the host: a build-time sync.
-  SceneShape shape{static_cast<uint64_t>(num_reps), false, false};
+  SceneShape shape{static_cast<uint64_t>(num_reps), false, false, static_cast<uint32_t>(rep)};
   if (num_reps > 0) {
     const uint64_t ends[2] = {static_cast<uint64_t>(reps[0].item<int64_t>()),
                               static_cast<uint64_t>(reps[num_reps - 1].item<int64_t>())};
@@ -96,11 +124,14 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
     shape.multi_row = e.multi_row;
     shape.multi_plane = e.multi_plane;
   }
+  // The optimized representation's trailing tag slot makes the GAS's triangle count tell the lookups which
+  // representation they trace (representation_of_scene).
   const int64_t triangles = static_cast<int64_t>(shape.num_triangles());
   at::Tensor vertices = at::empty({triangles * 9}, reps.options().dtype(at::kFloat));
   if (num_reps > 0) {
     scene_kernel<<<grid_for(num_reps), kBlock, 0, current_stream()>>>(
-        reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), num_reps, c, reinterpret_cast<Vec3*>(vertices.data_ptr<float>()));
+        reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), p, shape, c,
+        reinterpret_cast<Vec3*>(vertices.data_ptr<float>()));
     RTX_CHECK_LAUNCH();
   }
   return gas::build(vertices, triangles, /*allow_update=*/false);
@@ -138,7 +169,7 @@ struct Launch {
     const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
     check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
     check_same_device(pairs, lo, "the index", "the queries");
-    p.pairs = a.pairs;
+    p.storage = a.storage;
     p.reps = a.reps;
     p.num_reps = a.num_reps;
     p.table = a.table;
@@ -152,7 +183,7 @@ struct Launch {
     }
     p.num_queries = static_cast<uint64_t>(lo.numel());
     device = lo.device().index();
-    if (a.backend == Backend::OptiX && a.pairs.n > 0) {
+    if (a.backend == Backend::OptiX && a.num_reps > 0) {
       gas::check_structure(scene_structure);
       check_same_device(scene_structure, pairs, "the scene", "the index");
       p.header = reinterpret_cast<const GasHeader*>(scene_structure.data_ptr());
@@ -162,7 +193,7 @@ struct Launch {
   void run(ResultMode mode) {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
-    if (static_cast<Backend>(p.backend) != Backend::OptiX || p.pairs.n == 0) {
+    if (static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
       search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
       RTX_CHECK_LAUNCH();
       return;
@@ -206,7 +237,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  check_values(values, static_cast<int64_t>(l.p.pairs.n), pairs);
+  check_cgrx_values(values, l.p.storage, pairs);
   return cuda_results::aggregate(l, lo.numel(), lo.options(), values, false);
 }
 

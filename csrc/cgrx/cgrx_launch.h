@@ -4,6 +4,7 @@
 #include "../core/results_device.h"
 #include "../core/scene.h"
 #include "../optix/gas_header.h"
+#include "cgrx_answer.h"
 #include "cgrx_core.h"
 #include "cgrx_scene.h"
 
@@ -13,7 +14,7 @@ struct LaunchParams {
   uint64_t handle;          // OptiX backend: filled on the device from the GAS header
   const GasHeader* header;  // OptiX backend only
   SceneShape shape;         // OptiX backend: filled on the device from the representatives
-  Pairs pairs;
+  Storage storage;
   const uint64_t* reps;
   uint64_t num_reps;
   const int32_t* table;  // radix table over the representatives
@@ -32,10 +33,7 @@ template <typename Find>
 __device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
   const uint64_t lo = p.lo[q], hi = p.hi ? p.hi[q] : lo;
   HitState s;
-  uint64_t b = trivial_bucket(p.pairs, p.reps, lo, hi);
-  if (b == kSearch) b = find(lo);
-  if (b != kNoBucket && b < p.num_reps)
-    visit_from_bucket(p.pairs, b, lo, hi, [&](uint32_t row) { record_hit(p.results, s, row, q); });
+  visit_matches(p.storage, p.reps, p.num_reps, lo, hi, find, [&](uint32_t row) { record_hit(p.results, s, row, q); });
   write_result(p.results, s, q);
 }
 #endif

@@ -1,7 +1,9 @@
-// cgRX OptiX programs: one thread per query. The bucket of the first representative >= key is found with
-// at most three closest-hit rays (same row, next row's marker, next plane's marker: csrc/core/scene.h,
-// cgrx_rays); a marker sits in the slot of its row's/plane's first bucket, which is then the answer, so the
-// paper's final ray along the found row is not needed. The rest is the shared answer_query.
+// cgRX OptiX programs: one thread per query. The bucket of the first representative >= key is found with the
+// closest-hit ray search of cgrx_scene.h (ray_search_step: the same code the CPU operator cgrx_scene_rays runs
+// for the Embree test), in whichever representation the GAS holds: naive (at most three rays; a marker sits in
+// the slot of its row's/plane's first bucket) or optimized (markers at the rows' and planes' ends, flipped
+// triangles seen as back faces; at most five rays, usually one or two). The representation is read from the
+// GAS header's triangle count (representation_of_scene). The rest is the shared answer_query.
 #include "../optix/optix_device_abi.h"
 #include "cgrx_launch.h"
 
@@ -15,31 +17,39 @@ __constant__ LaunchParams params;
 
 namespace {
 
-constexpr unsigned kMiss = 0xFFFFFFFFu;
-
-__device__ __forceinline__ unsigned closest(const Ray& r) {
-  unsigned prim = kMiss;
+// Payload 0: the primitive index of the closest hit (kRayMiss where the ray meets nothing); payload 1: 1 when
+// that hit was a triangle's back face. The pipeline is created with 2 payload values (kCgrxPrograms).
+__device__ __forceinline__ RayHit closest(const Ray& r) {
+  unsigned prim = kRayMiss, back_face = 0;
   optixTrace(params.handle, make_float3(r.origin.x, r.origin.y, r.origin.z),
              make_float3(r.direction.x, r.direction.y, r.direction.z), r.tmin, r.tmax, 0.0f, kVisibilityAll,
-             OPTIX_RAY_FLAG_DISABLE_ANYHIT, 0, 1, 0, prim);
-  return prim;
+             OPTIX_RAY_FLAG_DISABLE_ANYHIT, 0, 1, 0, prim, back_face);
+  return RayHit{prim, back_face};
 }
 
-__device__ __forceinline__ uint64_t find_bucket_by_rays(uint64_t k) {
-  const CgrxRays rays = cgrx_rays(k, params.scene);
-  unsigned prim = closest(rays.same_row);
-  if (prim == kMiss && params.shape.multi_row && rays.has_next_row) prim = closest(rays.next_row);
-  if (prim == kMiss && params.shape.multi_plane && rays.has_next_plane) prim = closest(rays.next_plane);
-  return prim == kMiss ? kNoBucket : params.shape.bucket_of_primitive(prim);
+__device__ __forceinline__ uint64_t find_bucket_by_rays(const SceneView& view, uint64_t k) {
+  RaySearch s = ray_search_start(k);
+  RayHit hit{kRayMiss, 0};
+  Ray ray;
+  while (ray_search_step(view, s, hit, ray)) hit = closest(ray);
+  return s.bucket;
 }
 
 }  // namespace
 
 extern "C" __global__ void __raygen__cgrx() {
   const uint64_t q = params.query_base + optixGetLaunchIndex().x;
-  answer_query(params, q, [](uint64_t k) { return find_bucket_by_rays(k); });
+  answer_query(params, q, [](uint64_t k) {
+    SceneView view{params.reps, params.shape, params.scene};
+    view.shape.representation =
+        static_cast<uint32_t>(representation_of_scene(params.header->num_triangles, params.shape));
+    return find_bucket_by_rays(view, k);
+  });
 }
 
-extern "C" __global__ void __closesthit__cgrx() { optixSetPayload_0(optixGetPrimitiveIndex()); }
+extern "C" __global__ void __closesthit__cgrx() {
+  optixSetPayload_0(optixGetPrimitiveIndex());
+  optixSetPayload_1(optixIsTriangleBackFaceHit() ? 1u : 0u);
+}
 
 extern "C" __global__ void __miss__cgrx() {}

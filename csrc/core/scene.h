@@ -147,26 +147,33 @@ RTX_HD Ray segment_ray(const RowSegment& s, const SceneConfig& c) {
 namespace rtindex {
 
 // ---- cgRX: triangles that rays along any axis can meet ---------------------------------------------------
-// A representative is found by closest-hit rays along x (its row), y (the next populated row's marker) and
-// z (the next populated plane's marker), so its triangle must face all three axes. In slot units around P:
+// A representative is found by closest-hit rays along x (its row), y (the rows' end or start markers) and z
+// (the planes' markers), so its triangle must face all three axes. In slot units around P:
 //   A = P + (1/2, -1/2, 0),  B = P + (0, 1/2, -1/2),  C = P + (-1/2, 0, 1/2)
 // lies in the plane a + b + c = 0 with P as its centroid; its shadow along each axis stays inside the open
 // half-slot box around P (no other slot's ray can meet it) and holds P at least 0.2 slot from every edge.
-// Slot coordinates may be -1 (the markers' column/row), which is still exact in float32.
+// Slot coordinates may be -1 (the naive markers' column/row) or the axis's last slot (2^bits - 1, the
+// optimized markers'): both exact in float32, and so are their corners at +-1/2 slot.
 RTX_HD Vec3 slot_position(int64_t x, int64_t y, int64_t z, const SceneConfig& c) {
   return Vec3{static_cast<float>(x), static_cast<float>(y) * pow2f(c.scale_y_log2),
               static_cast<float>(z) * pow2f(c.scale_z_log2)};
 }
 
-// `flip` reverses the winding (the optimized representation reads it as a back-face hit).
+// Winding. OptiX and Embree both take N = (v1 - v0) x (v2 - v0) (counter-clockwise in a right-handed frame)
+// as the triangle's front normal: a ray meets the front face when its direction points against N (OptiX
+// reports OPTIX_HIT_KIND_TRIANGLE_FRONT_FACE, Embree's Ng is this N), the back face when it points along N.
+// For the corners above, (B - A) x (C - A) = (3 hy hz, 3 hx hz, 3 hx hy) points along +x, +y and +z at once,
+// so the vertex order A, C, B (N against every axis) makes every ray along +x, +y or +z meet the FRONT face,
+// and `flip` (order A, B, C) makes every such ray meet the BACK face: the optimized representation's
+// "flipped" triangles (cgrx_scene.h) are recognised by any axis ray as back-face hits.
 RTX_HD void any_axis_triangle(Vec3 p, const SceneConfig& c, bool flip, Vec3 out[3]) {
   const Vec3 h = half_slot(c);
   const Vec3 a{p.x + h.x, p.y - h.y, p.z};
   const Vec3 b{p.x, p.y + h.y, p.z - h.z};
   const Vec3 d{p.x - h.x, p.y, p.z + h.z};
   out[0] = a;
-  out[1] = flip ? d : b;
-  out[2] = flip ? b : d;
+  out[1] = flip ? b : d;
+  out[2] = flip ? d : b;
 }
 
 // A slot of the vertex buffer that holds no triangle: OptiX (and Embree) treat NaN triangles as inactive.
@@ -175,32 +182,30 @@ RTX_HD void inactive_triangle(Vec3 out[3]) {
   for (int i = 0; i < 3; ++i) out[i] = Vec3{nan, nan, nan};
 }
 
-// The three closest-hit rays of a cgRX representative search for key k (Algorithm 2 of the cgRX paper):
-// along +x from k's own slot to the row's end; along +y at x = -1 from the next row to the plane's end
-// (meets row markers); along +z at x = y = -1 from the next plane to the last (meets plane markers).
-// has_* is false when there is no next row or plane on that axis.
-struct CgrxRays {
-  Ray same_row, next_row, next_plane;
-  bool has_next_row, has_next_plane;
-};
+// The axis rays of a cgRX search. Each starts half a slot before its first slot and ends half a slot after
+// the axis's last one, so it meets exactly the triangles centred on its line from that slot on; origins and
+// extents are (integer +- 1/2) * 2^s, exact in float32 like the triangles' corners.
+// Along +x in row (y, z), slots x_from .. x_max.
+RTX_HD Ray cgrx_x_ray(int64_t x_from, int64_t y, int64_t z, const SceneConfig& c) {
+  const Vec3 p = slot_position(x_from, y, z, c);
+  const int64_t x_max = static_cast<int64_t>(axis_mask(c.bits_x));
+  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, static_cast<float>(x_max - x_from + 1)};
+}
 
-RTX_HD CgrxRays cgrx_rays(uint64_t k, const SceneConfig& c) {
-  const KeyCoords kc = key_coords(k, c);
-  const Vec3 h = half_slot(c);
-  const uint64_t x_max = axis_mask(c.bits_x), y_max = axis_mask(c.bits_y), z_max = axis_mask(c.bits_z);
-  const float sy = pow2f(c.scale_y_log2), sz = pow2f(c.scale_z_log2);
-  CgrxRays r;
-  const Vec3 p = slot_position(kc.x, kc.y, kc.z, c);
-  r.same_row = Ray{Vec3{p.x - h.x, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, static_cast<float>(x_max - kc.x) + 1.0f};
-  r.has_next_row = kc.y < y_max;
-  const Vec3 row_start = slot_position(-1, int64_t(kc.y) + 1, kc.z, c);
-  r.next_row = Ray{Vec3{row_start.x, row_start.y - h.y, row_start.z}, Vec3{0.f, 1.f, 0.f}, 0.f,
-                   static_cast<float>(y_max - kc.y) * sy};
-  r.has_next_plane = kc.z < z_max;
-  const Vec3 plane_start = slot_position(-1, -1, int64_t(kc.z) + 1, c);
-  r.next_plane = Ray{Vec3{plane_start.x, plane_start.y, plane_start.z - h.z}, Vec3{0.f, 0.f, 1.f}, 0.f,
-                     static_cast<float>(z_max - kc.z) * sz};
-  return r;
+// Along +y in column x of plane z, rows y_from .. y_max.
+RTX_HD Ray cgrx_y_ray(int64_t x, int64_t y_from, int64_t z, const SceneConfig& c) {
+  const Vec3 p = slot_position(x, y_from, z, c);
+  const int64_t y_max = static_cast<int64_t>(axis_mask(c.bits_y));
+  const float sy = pow2f(c.scale_y_log2);
+  return Ray{Vec3{p.x, p.y - half_slot(c).y, p.z}, Vec3{0.f, 1.f, 0.f}, 0.f, static_cast<float>(y_max - y_from + 1) * sy};
+}
+
+// Along +z through (x, y), planes z_from .. z_max.
+RTX_HD Ray cgrx_z_ray(int64_t x, int64_t y, int64_t z_from, const SceneConfig& c) {
+  const Vec3 p = slot_position(x, y, z_from, c);
+  const int64_t z_max = static_cast<int64_t>(axis_mask(c.bits_z));
+  const float sz = pow2f(c.scale_z_log2);
+  return Ray{Vec3{p.x, p.y, p.z - half_slot(c).z}, Vec3{0.f, 0.f, 1.f}, 0.f, static_cast<float>(z_max - z_from + 1) * sz};
 }
 
 }  // namespace rtindex

@@ -1,0 +1,240 @@
+// cgRX with batch updates (section 4 of the cgRX paper): every bucket is a chain of fixed-size nodes. The
+// first node of bucket b is node b (representative nodes are contiguous and addressed by the bucket, i.e.
+// the primitive index); further nodes come from a linked region behind them. Representatives never change
+// after the build, so the representative search (radix table, rays) is never rebuilt by an update.
+//
+// Invariants, kept by the build and by every update:
+//   - bucket b holds exactly the keys in (reps[b-1], reps[b]] (bucket 0 everything <= reps[0], the last
+//     bucket everything > reps[m-2]); the build never splits a run of equal keys over two buckets, so every
+//     key lives in one bucket and an update of a key touches one bucket only;
+//   - a chain is sorted by (key, row ID) and packed: all its nodes are full except the last, so the f-th
+//     pair of a chain sits in its (f / N)-th node at slot f % N.
+// An update batch is planned first (per bucket: sizes after deletions and insertions, nodes needed), the
+// host reserves nodes for the whole batch (growing the region if needed, before anything is changed), and
+// then applied by one thread per bucket: deletions by a forward compaction (the write position never passes
+// the read position), insertions by a backward merge (the write position never falls behind the read
+// position), both in place. The same functions run on the CPU and in the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/keys.h"
+
+namespace rtindex::cgrx {
+
+constexpr uint32_t kNoNode = 0xFFFFFFFFu;
+
+struct Nodes {
+  uint32_t* data;
+  uint32_t node_size;  // N, even (keeps every node's 64-bit keys 8-byte aligned)
+  uint64_t num_buckets;
+
+  RTX_HD uint64_t stride() const { return 3ull * node_size + 2; }  // int32 words per node
+  RTX_HD uint32_t* node(uint32_t i) const { return data + uint64_t(i) * stride(); }
+  RTX_HD uint64_t& key(uint32_t i, uint32_t s) const { return reinterpret_cast<uint64_t*>(node(i))[s]; }
+  RTX_HD uint32_t& row(uint32_t i, uint32_t s) const { return node(i)[2 * node_size + s]; }
+  RTX_HD uint32_t& size(uint32_t i) const { return node(i)[3 * node_size]; }
+  RTX_HD uint32_t& next(uint32_t i) const { return node(i)[3 * node_size + 1]; }
+};
+
+RTX_HD int64_t node_words(uint32_t node_size) { return 3ll * node_size + 2; }
+
+// Keys of the updatable index belong to bucket min(first representative >= key, last bucket).
+RTX_HD uint64_t clamp_bucket(uint64_t b, uint64_t m) { return b < m ? b : m - 1; }
+
+// Every pair with key in [lo, hi], from bucket b on, in (key, row ID) order.
+template <typename Visit>
+RTX_HD void visit_nodes_from_bucket(const Nodes& ns, uint64_t b, uint64_t lo, uint64_t hi, Visit&& visit) {
+  for (; b < ns.num_buckets; ++b) {
+    for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) {
+      const uint32_t sz = ns.size(n);
+      if (sz == 0 || ns.key(n, sz - 1) < lo) continue;
+      uint32_t s = 0, e = sz;  // first slot with key >= lo
+      while (s < e) {
+        const uint32_t mid = (s + e) >> 1;
+        if (ns.key(n, mid) < lo) s = mid + 1; else e = mid;
+      }
+      for (; s < sz; ++s) {
+        if (ns.key(n, s) > hi) return;
+        visit(ns.row(n, s));
+      }
+    }
+  }
+}
+
+// One bucket's part of an update batch: sorted slices of the deletions and insertions.
+struct BucketBatch {
+  const uint64_t* del_keys;
+  const uint32_t* del_rows;  // nullptr: delete every pair with the key
+  uint64_t del_count;
+  const uint64_t* ins_keys;
+  const uint32_t* ins_rows;
+  uint64_t ins_count;
+};
+
+RTX_HD bool pair_less(uint64_t ka, uint32_t ra, uint64_t kb, uint32_t rb) { return ka < kb || (ka == kb && ra < rb); }
+
+// Walks deletions against a sorted chain: for each pair, whether it is deleted. `found` counts the
+// deletion entries that removed at least one pair (the rest name absent pairs: no-ops, reported).
+struct DeleteMatcher {
+  BucketBatch batch;
+  uint64_t d = 0;
+  uint64_t found = 0;
+  bool current_found = false;
+
+  RTX_HD bool deletes(uint64_t k, uint32_t r) {
+    while (d < batch.del_count) {
+      const uint64_t dk = batch.del_keys[d];
+      const bool by_key = batch.del_rows == nullptr;
+      const uint32_t dr = by_key ? 0u : batch.del_rows[d];
+      if (by_key ? dk < k : pair_less(dk, dr, k, r)) {  // this deletion is behind the chain: done with it
+        found += current_found;
+        current_found = false;
+        ++d;
+        continue;
+      }
+      const bool hit = by_key ? dk == k : (dk == k && dr == r);
+      if (!hit) return false;
+      current_found = true;
+      if (!by_key) {  // a (key, row) deletion removes one pair
+        found += 1;
+        current_found = false;
+        ++d;
+      }
+      return true;
+    }
+    return false;
+  }
+  RTX_HD uint64_t finish() {
+    found += current_found;
+    current_found = false;
+    return found;
+  }
+};
+
+// Plan of one bucket: [pairs before, nodes in chain, pairs after deletions, pairs after the batch,
+// deletion entries that found something].
+constexpr int kPlanFields = 5;
+
+RTX_HD void plan_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, int64_t* plan) {
+  DeleteMatcher m{batch};
+  uint64_t before = 0, chain = 0, kept = 0;
+  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) {
+    ++chain;
+    for (uint32_t s = 0; s < ns.size(n); ++s) {
+      ++before;
+      if (!m.deletes(ns.key(n, s), ns.row(n, s))) ++kept;
+    }
+  }
+  plan[0] = static_cast<int64_t>(before);
+  plan[1] = static_cast<int64_t>(chain);
+  plan[2] = static_cast<int64_t>(kept);
+  plan[3] = static_cast<int64_t>(kept + batch.ins_count);
+  plan[4] = static_cast<int64_t>(m.finish());
+}
+
+RTX_HD uint64_t nodes_needed(uint64_t pairs, uint32_t node_size) {
+  const uint64_t n = (pairs + node_size - 1) / node_size;
+  return n ? n : 1;
+}
+
+// Applies one bucket's batch. `list` has room for max(chain, needed) node ids; `first_new` is the first of
+// the nodes reserved for this bucket (needed - chain of them, when positive).
+RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, const int64_t* plan,
+                         uint32_t first_new, uint32_t* list) {
+  const uint32_t N = ns.node_size;
+  const uint64_t chain = static_cast<uint64_t>(plan[1]), kept = static_cast<uint64_t>(plan[2]);
+  const uint64_t total = static_cast<uint64_t>(plan[3]);
+  const uint64_t needed = nodes_needed(total, N);
+  uint64_t len = 0;
+  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) list[len++] = n;
+  for (uint32_t extra = 0; len < needed; ++extra) list[len++] = first_new + extra;
+  auto K = [&](uint64_t f) -> uint64_t& { return ns.key(list[f / N], static_cast<uint32_t>(f % N)); };
+  auto R = [&](uint64_t f) -> uint32_t& { return ns.row(list[f / N], static_cast<uint32_t>(f % N)); };
+
+  // Deletions: forward compaction (packed chain: the f-th pair is at list[f / N], slot f % N).
+  DeleteMatcher m{batch};
+  const uint64_t before = static_cast<uint64_t>(plan[0]);
+  uint64_t w = 0;
+  for (uint64_t r = 0; r < before; ++r) {
+    const uint64_t k = K(r);
+    const uint32_t row = R(r);
+    if (m.deletes(k, row)) continue;
+    K(w) = k;
+    R(w) = row;
+    ++w;
+  }
+  // Insertions: backward merge of the kept pairs and the sorted insertions, in (key, row ID) order.
+  uint64_t src = kept, ins = batch.ins_count, dst = total;
+  while (ins > 0) {
+    const uint64_t ik = batch.ins_keys[ins - 1];
+    const uint32_t ir = batch.ins_rows[ins - 1];
+    if (src > 0 && pair_less(ik, ir, K(src - 1), R(src - 1))) {
+      --src;
+      --dst;
+      K(dst) = K(src);
+      R(dst) = R(src);
+    } else {
+      --ins;
+      --dst;
+      K(dst) = ik;
+      R(dst) = ir;
+    }
+  }
+  // Sizes and links: `needed` packed nodes; nodes the chain no longer needs are unlinked and emptied (they
+  // are free space until a rebuild compacts the region).
+  for (uint64_t i = 0; i < len; ++i) {
+    const uint32_t n = list[i];
+    if (i < needed) {
+      const uint64_t start = i * N;
+      ns.size(n) = static_cast<uint32_t>(total > start ? (total - start < N ? total - start : N) : 0);
+      ns.next(n) = i + 1 < needed ? list[i + 1] : kNoNode;
+    } else {
+      ns.size(n) = 0;
+      ns.next(n) = kNoNode;
+    }
+  }
+  (void)chain;
+}
+
+}  // namespace rtindex::cgrx
+
+namespace rtindex::cgrx {
+
+// Bulk load of bucket b: `count` sorted pairs starting at `start`, into node b and then nodes first_extra,
+// first_extra + 1, ... (packed).
+RTX_HD void load_bucket(const Nodes& ns, uint64_t b, const uint64_t* keys, const int32_t* rows, uint64_t start,
+                        uint64_t count, uint32_t first_extra) {
+  const uint32_t N = ns.node_size;
+  const uint64_t needed = nodes_needed(count, N);
+  auto node_of = [&](uint64_t i) { return i == 0 ? static_cast<uint32_t>(b) : first_extra + static_cast<uint32_t>(i - 1); };
+  for (uint64_t f = 0; f < count; ++f) {
+    const uint32_t n = node_of(f / N);
+    ns.key(n, static_cast<uint32_t>(f % N)) = keys[start + f];
+    ns.row(n, static_cast<uint32_t>(f % N)) = static_cast<uint32_t>(rows[start + f]);
+  }
+  for (uint64_t i = 0; i < needed; ++i) {
+    const uint32_t n = node_of(i);
+    const uint64_t s = i * N;
+    ns.size(n) = static_cast<uint32_t>(count > s ? (count - s < N ? count - s : N) : 0);
+    ns.next(n) = i + 1 < needed ? node_of(i + 1) : kNoNode;
+  }
+}
+
+// Number of pairs in bucket b's chain, and writing them out (for exports and rebuilds).
+RTX_HD uint64_t chain_pairs(const Nodes& ns, uint64_t b) {
+  uint64_t c = 0;
+  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) c += ns.size(n);
+  return c;
+}
+
+RTX_HD void export_chain(const Nodes& ns, uint64_t b, uint64_t* keys, int32_t* rows) {
+  uint64_t f = 0;
+  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n))
+    for (uint32_t s = 0; s < ns.size(n); ++s, ++f) {
+      keys[f] = ns.key(n, s);
+      rows[f] = static_cast<int32_t>(ns.row(n, s));
+    }
+}
+
+}  // namespace rtindex::cgrx

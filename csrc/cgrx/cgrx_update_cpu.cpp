@@ -1,0 +1,117 @@
+// Updatable cgRX on the CPU: the per-bucket steps of cgrx_nodes.h over at::parallel_for.
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "cgrx_update_args.h"
+
+namespace rtindex::cgrx {
+namespace {
+
+at::Tensor radix_table_cpu(const at::Tensor& reps) {
+  const uint64_t m = static_cast<uint64_t>(reps.numel());
+  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
+  if (m == 0) return table;
+  const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
+  int32_t* t = table.data_ptr<int32_t>();
+  const int bits = radix_log2_slots(m);
+  const int shift = radix_shift(r[0], r[m - 1], bits);
+  t[0] = shift;
+  t[1] = bits;
+  uint32_t* entries = reinterpret_cast<uint32_t*>(t + kRadixHeaderWords);
+  at::parallel_for(0, (int64_t(1) << bits) + 1, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) entries[j] = radix_entry(r, m, bits, shift, static_cast<uint64_t>(j));
+  });
+  return table;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cpu(const at::Tensor& keys, const at::Tensor& rows,
+                                                                       int64_t node_size, double growth) {
+  auto loaded = update::load(keys, rows, node_size, growth,
+                             [](at::Tensor& nodes, int64_t N, int64_t m, const at::Tensor& k, const at::Tensor& r,
+                                const at::Tensor& starts, const at::Tensor& counts, const at::Tensor& first_extra) {
+                               const Nodes ns = update::nodes_view(nodes, N, m);
+                               const uint64_t* kp = reinterpret_cast<const uint64_t*>(k.data_ptr<int64_t>());
+                               const int32_t* rp = r.data_ptr<int32_t>();
+                               const int64_t* sp = starts.data_ptr<int64_t>();
+                               const int64_t* cp = counts.data_ptr<int64_t>();
+                               const int64_t* fp = first_extra.data_ptr<int64_t>();
+                               at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
+                                 for (int64_t b = b0; b < e; ++b)
+                                   load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(fp[b]));
+                               });
+                             });
+  return {loaded.nodes, loaded.reps, radix_table_cpu(loaded.reps), loaded.used};
+}
+
+at::Tensor find_buckets_cpu(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {
+  check_ordered_keys(keys, "keys");
+  const uint64_t m = static_cast<uint64_t>(reps.numel());
+  TORCH_CHECK(m > 0 && table.numel() == radix_table_words(m), "table does not match the representatives");
+  at::Tensor out = at::empty({keys.numel()}, keys.options());
+  const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
+  const uint64_t* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
+  const int32_t* t = table.data_ptr<int32_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, keys.numel(), 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      o[i] = static_cast<int64_t>(k[i] <= r[0] ? 0 : (k[i] > r[m - 1] ? m - 1 : radix_lower_bound(r, t, k[i])));
+  });
+  return out;
+}
+
+at::Tensor nodes_plan_cpu(const at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+                          const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets,
+                          const at::Tensor& ins_keys, const at::Tensor& ins_rows, const at::Tensor& ins_offsets) {
+  const int64_t m = del_offsets.numel() - 1;
+  const Nodes ns = update::nodes_view(nodes, node_size, m);
+  const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
+  at::Tensor plan = at::empty({m, kPlanFields}, del_offsets.options());
+  int64_t* p = plan.data_ptr<int64_t>();
+  at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
+    for (int64_t b = b0; b < e; ++b) plan_bucket(ns, b, batch.bucket(b), p + b * kPlanFields);
+  });
+  return plan;
+}
+
+void nodes_apply_cpu(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+                     const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
+                     const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& plan,
+                     const at::Tensor& first_new, const at::Tensor& list_offsets, at::Tensor& scratch) {
+  const int64_t m = del_offsets.numel() - 1;
+  const Nodes ns = update::nodes_view(nodes, node_size, m);
+  const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
+  const int64_t* p = plan.data_ptr<int64_t>();
+  const int64_t* fn = first_new.data_ptr<int64_t>();
+  const int64_t* lo = list_offsets.data_ptr<int64_t>();
+  uint32_t* list = reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>());
+  at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
+    for (int64_t b = b0; b < e; ++b)
+      apply_bucket(ns, b, batch.bucket(b), p + b * kPlanFields, static_cast<uint32_t>(fn[b]), list + lo[b]);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> nodes_export_cpu(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {
+  const Nodes ns = update::nodes_view(nodes, node_size, num_buckets);
+  std::vector<int64_t> offsets(num_buckets + 1, 0);
+  for (int64_t b = 0; b < num_buckets; ++b) offsets[b + 1] = offsets[b] + static_cast<int64_t>(chain_pairs(ns, b));
+  at::Tensor keys = at::empty({offsets[num_buckets]}, nodes.options().dtype(at::kLong));
+  at::Tensor rows = at::empty({offsets[num_buckets]}, nodes.options().dtype(at::kInt));
+  uint64_t* k = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  int32_t* r = rows.data_ptr<int32_t>();
+  at::parallel_for(0, num_buckets, 256, [&](int64_t b0, int64_t e) {
+    for (int64_t b = b0; b < e; ++b) export_chain(ns, b, k + offsets[b], r + offsets[b]);
+  });
+  return {keys, rows};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
+  m.impl("cgrx_nodes_load", &nodes_load_cpu);
+  m.impl("cgrx_find_buckets", &find_buckets_cpu);
+  m.impl("cgrx_nodes_plan", &nodes_plan_cpu);
+  m.impl("cgrx_nodes_apply", &nodes_apply_cpu);
+  m.impl("cgrx_nodes_export", &nodes_export_cpu);
+}
+
+}  // namespace rtindex::cgrx

@@ -1,0 +1,156 @@
+// Updatable cgRX on CUDA: the per-bucket steps of cgrx_nodes.h as one-thread-per-bucket kernels on the
+// current stream. The host-side orchestration is shared with the CPU (cgrx_update.h).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../core/cuda_utils.h"
+#include "cgrx_update_args.h"
+
+namespace rtindex::cgrx {
+namespace {
+
+__global__ void load_kernel(Nodes ns, int64_t m, const uint64_t* keys, const int32_t* rows, const int64_t* starts,
+                            const int64_t* counts, const int64_t* first_extra) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    load_bucket(ns, b, keys, rows, starts[b], counts[b], static_cast<uint32_t>(first_extra[b]));
+}
+
+__global__ void radix_kernel(const uint64_t* reps, uint64_t m, int bits, int32_t* table) {
+  const int shift = radix_shift(reps[0], reps[m - 1], bits);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    table[0] = shift;
+    table[1] = bits;
+  }
+  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
+  const uint64_t slots = (uint64_t(1) << bits) + 1;
+  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
+    entries[j] = radix_entry(reps, m, bits, shift, j);
+}
+
+__global__ void find_buckets_kernel(const uint64_t* reps, uint64_t m, const int32_t* table, const uint64_t* keys,
+                                    int64_t n, int64_t* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint64_t k = keys[i];
+    out[i] = static_cast<int64_t>(k <= reps[0] ? 0 : (k > reps[m - 1] ? m - 1 : radix_lower_bound(reps, table, k)));
+  }
+}
+
+__global__ void plan_kernel(Nodes ns, update::Batch batch, int64_t m, int64_t* plan) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    plan_bucket(ns, b, batch.bucket(b), plan + b * kPlanFields);
+}
+
+__global__ void apply_kernel(Nodes ns, update::Batch batch, int64_t m, const int64_t* plan, const int64_t* first_new,
+                             const int64_t* list_offsets, uint32_t* list) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    apply_bucket(ns, b, batch.bucket(b), plan + b * kPlanFields, static_cast<uint32_t>(first_new[b]), list + list_offsets[b]);
+}
+
+__global__ void chain_sizes_kernel(Nodes ns, int64_t m, int64_t* sizes) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    sizes[b] = static_cast<int64_t>(chain_pairs(ns, b));
+}
+
+__global__ void export_kernel(Nodes ns, int64_t m, const int64_t* offsets, uint64_t* keys, int32_t* rows) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    export_chain(ns, b, keys + offsets[b], rows + offsets[b]);
+}
+
+at::Tensor radix_table_cuda(const at::Tensor& reps) {
+  const uint64_t m = static_cast<uint64_t>(reps.numel());
+  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
+  if (m == 0) return table;
+  const int bits = radix_log2_slots(m);
+  radix_kernel<<<grid_for((int64_t(1) << bits) + 1), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, bits, table.data_ptr<int32_t>());
+  RTX_CHECK_LAUNCH();
+  return table;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cuda(const at::Tensor& keys, const at::Tensor& rows,
+                                                                        int64_t node_size, double growth) {
+  const c10::cuda::CUDAGuard guard(keys.device());
+  auto loaded = update::load(keys, rows, node_size, growth,
+                             [](at::Tensor& nodes, int64_t N, int64_t m, const at::Tensor& k, const at::Tensor& r,
+                                const at::Tensor& starts, const at::Tensor& counts, const at::Tensor& first_extra) {
+                               const Nodes ns = update::nodes_view(nodes, N, m);
+                               load_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
+                                   ns, m, reinterpret_cast<const uint64_t*>(k.data_ptr<int64_t>()), r.data_ptr<int32_t>(),
+                                   starts.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), first_extra.data_ptr<int64_t>());
+                               RTX_CHECK_LAUNCH();
+                             });
+  return {loaded.nodes, loaded.reps, radix_table_cuda(loaded.reps), loaded.used};
+}
+
+at::Tensor find_buckets_cuda(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {
+  check_ordered_keys(keys, "keys");
+  const c10::cuda::CUDAGuard guard(keys.device());
+  const uint64_t m = static_cast<uint64_t>(reps.numel());
+  TORCH_CHECK(m > 0 && table.numel() == radix_table_words(m), "table does not match the representatives");
+  at::Tensor out = at::empty({keys.numel()}, keys.options());
+  if (keys.numel() == 0) return out;
+  find_buckets_kernel<<<grid_for(keys.numel()), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, table.data_ptr<int32_t>(),
+      reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()), keys.numel(), out.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+  return out;
+}
+
+at::Tensor nodes_plan_cuda(const at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+                           const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets,
+                           const at::Tensor& ins_keys, const at::Tensor& ins_rows, const at::Tensor& ins_offsets) {
+  const c10::cuda::CUDAGuard guard(nodes.device());
+  const int64_t m = del_offsets.numel() - 1;
+  const Nodes ns = update::nodes_view(nodes, node_size, m);
+  const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
+  at::Tensor plan = at::empty({m, kPlanFields}, del_offsets.options());
+  plan_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, plan.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+  return plan;
+}
+
+void nodes_apply_cuda(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+                      const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
+                      const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& plan,
+                      const at::Tensor& first_new, const at::Tensor& list_offsets, at::Tensor& scratch) {
+  const c10::cuda::CUDAGuard guard(nodes.device());
+  const int64_t m = del_offsets.numel() - 1;
+  const Nodes ns = update::nodes_view(nodes, node_size, m);
+  const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
+  apply_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, plan.data_ptr<int64_t>(),
+                                                             first_new.data_ptr<int64_t>(), list_offsets.data_ptr<int64_t>(),
+                                                             reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>()));
+  RTX_CHECK_LAUNCH();
+}
+
+std::tuple<at::Tensor, at::Tensor> nodes_export_cuda(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {
+  const c10::cuda::CUDAGuard guard(nodes.device());
+  const Nodes ns = update::nodes_view(nodes, node_size, num_buckets);
+  at::Tensor sizes = at::empty({num_buckets}, nodes.options().dtype(at::kLong));
+  chain_sizes_kernel<<<grid_for(num_buckets), kBlock, 0, current_stream()>>>(ns, num_buckets, sizes.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+  at::Tensor offsets = at::cumsum(sizes, 0) - sizes;
+  const int64_t total = num_buckets ? sizes.sum().item<int64_t>() : 0;
+  at::Tensor keys = at::empty({total}, nodes.options().dtype(at::kLong));
+  at::Tensor rows = at::empty({total}, nodes.options().dtype(at::kInt));
+  if (total > 0) {
+    export_kernel<<<grid_for(num_buckets), kBlock, 0, current_stream()>>>(
+        ns, num_buckets, offsets.data_ptr<int64_t>(), reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()),
+        rows.data_ptr<int32_t>());
+    RTX_CHECK_LAUNCH();
+  }
+  return {keys, rows};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
+  m.impl("cgrx_nodes_load", &nodes_load_cuda);
+  m.impl("cgrx_find_buckets", &find_buckets_cuda);
+  m.impl("cgrx_nodes_plan", &nodes_plan_cuda);
+  m.impl("cgrx_nodes_apply", &nodes_apply_cuda);
+  m.impl("cgrx_nodes_export", &nodes_export_cuda);
+}
+
+}  // namespace rtindex::cgrx

@@ -1,0 +1,129 @@
+"""UpdatableCgRXIndex under random update sequences, compared after every batch with a multiset reference."""
+
+import os
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from keysets import I64_MAX, I64_MIN
+
+from torch_rtindex import UpdatableCgRXIndex
+
+BATCHES = int(os.environ.get("RTINDEX_UPDATE_BATCHES", "1000"))
+
+
+class MultisetReference:
+    def __init__(self, keys, rows):
+        self.pairs = Counter(zip(keys, rows))
+
+    def delete(self, keys, rows):
+        found, removed = 0, 0
+        for k, r in zip(keys, rows if rows is not None else [None] * len(keys)):
+            if r is None:
+                hits = [p for p in self.pairs if p[0] == k]
+                n = sum(self.pairs[p] for p in hits)
+                for p in hits:
+                    del self.pairs[p]
+            else:
+                n = 1 if self.pairs[(k, r)] > 0 else 0
+                self.pairs[(k, r)] -= n
+                if self.pairs[(k, r)] <= 0:
+                    del self.pairs[(k, r)]
+            found += n > 0
+            removed += n
+        return removed, len(keys) - found
+
+    def insert(self, keys, rows):
+        for k, r in zip(keys, rows):
+            self.pairs[(k, r)] += 1
+
+    def lookup(self, k):
+        rows = sorted(r for (kk, r), c in self.pairs.items() if kk == k for _ in range(c))
+        return (rows[0] if rows else -1), len(rows)
+
+    def range_rows(self, lo, hi):
+        return sorted(((kk, r) for (kk, r), c in self.pairs.items() if lo <= kk <= hi for _ in range(c)))
+
+
+def check_full(index, ref, device, rng):
+    keys = sorted({k for k, _ in ref.pairs})
+    probe = rng.sample(keys, min(40, len(keys))) + [rng.randint(I64_MIN, I64_MAX) for _ in range(10)]
+    got = index.lookup(torch.tensor(probe, device=device))
+    exp = [ref.lookup(k) for k in probe]
+    assert got.first_row.cpu().tolist() == [e[0] for e in exp]
+    assert got.count.cpu().tolist() == [e[1] for e in exp]
+    lo = rng.choice(keys) if keys else 0
+    hi = min(I64_MAX, lo + rng.choice([0, 10, 2**40, 2**62]))
+    m = index.range(torch.tensor([lo], device=device), torch.tensor([hi], device=device))
+    expected = ref.range_rows(lo, hi)
+    assert m.rows.cpu().tolist() == [r for _, r in expected]  # (key, row ID) order
+    assert len(index) == sum(ref.pairs.values())
+
+
+@pytest.mark.parametrize("node_size", [2, 8, 32])
+def test_random_update_sequences(device, node_size):
+    rng = random.Random(node_size)
+    pool = [rng.randint(I64_MIN, I64_MAX) for _ in range(300)] + list(range(-50, 50)) + [I64_MIN, I64_MAX, 0, -1]
+    keys = [rng.choice(pool) for _ in range(rng.choice([1, 3, 400]))]
+    index = UpdatableCgRXIndex(torch.tensor(keys, device=device), node_size=node_size)
+    ref = MultisetReference(keys, list(range(len(keys))))
+    next_row = len(keys)
+    batches = max(1, BATCHES // 3)
+    for step in range(batches):
+        present = list(ref.pairs)
+        kind = rng.random()
+        n_ins = rng.choice([0, 1, 5, 40])
+        ins = [rng.choice(pool) if rng.random() < 0.8 else rng.randint(I64_MIN, I64_MAX) for _ in range(n_ins)]
+        if kind < 0.15:  # delete by key (every pair of each key)
+            dk = [rng.choice(present)[0] if present and rng.random() < 0.7 else rng.choice(pool) for _ in range(rng.randint(0, 5))]
+            dr = None
+        else:  # delete (key, row) pairs: present ones, absent ones, and repeats
+            chosen = [rng.choice(present) for _ in range(rng.randint(0, 30))] if present else []
+            chosen += [(rng.choice(pool), rng.randint(0, 10**6)) for _ in range(rng.randint(0, 3))]
+            dk, dr = [c[0] for c in chosen], [c[1] for c in chosen]
+        exp_removed, exp_absent = ref.delete(dk, dr)
+        ref.insert(ins, list(range(next_row, next_row + n_ins)))
+        res = index.update(
+            insert_keys=torch.tensor(ins, dtype=torch.int64, device=device),
+            delete_keys=torch.tensor(dk, dtype=torch.int64, device=device),
+            delete_rows=None if dr is None else torch.tensor(dr, dtype=torch.int64, device=device),
+        )
+        assert res.rows.cpu().tolist() == list(range(next_row, next_row + n_ins))
+        next_row += n_ins
+        assert (res.inserted, res.deleted, res.absent) == (n_ins, exp_removed, exp_absent), f"batch {step}"
+        if step % 25 == 0 or step == batches - 1:
+            check_full(index, ref, device, rng)
+    index.rebuild()  # compaction keeps every pair and its row ID
+    check_full(index, ref, device, rng)
+    assert index.memory()["free_node_space"] >= 0
+
+
+def test_failed_batch_changes_nothing(device):
+    index = UpdatableCgRXIndex(torch.tensor([3.0, 1.0, 2.0], device=device), node_size=4)
+    before = index.range(torch.tensor([0.0], device=device), torch.tensor([9.0], device=device)).rows.tolist()
+    with pytest.raises(ValueError, match="NaN"):
+        index.update(insert_keys=torch.tensor([5.0], device=device), delete_keys=torch.tensor([float("nan")], device=device))
+    with pytest.raises(TypeError, match="dtype"):
+        index.insert(torch.tensor([5], device=device))
+    with pytest.raises(ValueError, match="rows"):
+        index.insert(torch.tensor([5.0], device=device), rows=torch.tensor([-1], device=device))
+    after = index.range(torch.tensor([0.0], device=device), torch.tensor([9.0], device=device)).rows.tolist()
+    assert before == after and len(index) == 3
+
+
+def test_growth_empty_start_and_aggregates(device):
+    index = UpdatableCgRXIndex(torch.empty(0, dtype=torch.int64, device=device), node_size=4, growth=1.0)
+    keys = torch.randint(-1000, 1000, (5000,), generator=torch.Generator().manual_seed(1))
+    for chunk in keys.split(500):
+        index.insert(chunk.to(device))
+    ref = MultisetReference(keys.tolist(), list(range(keys.numel())))
+    q = torch.arange(-1000, 1000)
+    got = index.lookup(q.to(device))
+    assert got.count.cpu().tolist() == [ref.lookup(k)[1] for k in q.tolist()]
+    values = torch.arange(keys.numel(), dtype=torch.float64, device=device)
+    agg = index.aggregate(q.to(device), values)
+    expected = [float(sum(r for (kk, r), c in ref.pairs.items() if kk == k for _ in range(c))) for k in q.tolist()]
+    np.testing.assert_allclose(agg.sum.cpu().numpy(), expected)
+    assert index.memory()["nodes"] > 0 and "UpdatableCgRXIndex" in repr(index)

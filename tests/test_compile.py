@@ -1,0 +1,158 @@
+"""torch.compile over the RXIndex API: one graph, no graph breaks (fullgraph=True), dynamic batch sizes, and
+the same answers as eager mode and as the numpy reference.
+
+Fixed-size outputs (lookup, range_lookup, aggregate) compile as they are. The CSR forms (lookup_all, range)
+have data-dependent sizes; they need torch._dynamo.config.capture_dynamic_output_shape_ops = True, without
+which Dynamo breaks the graph there (checked too; fullgraph=True implies the flag on recent PyTorch).
+Inductor compiles on the CPU here (a C++ compiler is all it needs); compiled functions are kept few, for time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch._dynamo
+from keysets import ROW, int64_keys, point_queries, range_queries
+from reference import Reference, check_lookup, check_matches
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from torch_rtindex import Lookup, Matches, RXIndex
+
+def rtindex_ops_in(graphs) -> set[str]:
+    """The rtindex operators called in Dynamo's captured FX graphs."""
+    found = set()
+    for gm in graphs:
+        for node in gm.graph.nodes:
+            parts = str(node.target).split(".")  # "rtindex.rx_lookup" or "rtindex.rx_lookup.default"
+            if node.op == "call_function" and "rtindex" in parts[:-1]:
+                found.add(parts[parts.index("rtindex") + 1])
+    return found
+
+
+class Scorer(torch.nn.Module):
+    """A module that answers point lookups, range lookups and per-query sums of a value column."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.index = RXIndex(keys, max_range_rays=16)
+        self.register_buffer("values", values)
+
+    def forward(self, q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+        point = self.index.lookup(q)
+        ranged = self.index.range_lookup(lo, hi)
+        agg = self.index.aggregate(q, self.values)
+        return point, ranged, agg
+
+
+def make_data(gen: torch.Generator, n_keys: int, n_queries: int):
+    keys = int64_keys("duplicates", n_keys, gen)
+    q = point_queries(keys, n_queries, gen)
+    lo, hi = range_queries(keys, n_queries, gen, 40 * ROW)  # up to 41 scene rows: rays and the scan path
+    values = torch.randn(keys.numel(), generator=gen, dtype=torch.float64)
+    return keys, q, lo, hi, values
+
+
+def check_fixed(out, keys, values, q, lo, hi) -> None:
+    point, ranged, agg = out
+    ref = Reference(keys, "int64")
+    first, count, rows = ref.points(q)
+    check_lookup(point, first, count)
+    np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
+    np.testing.assert_allclose(agg.sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
+    first, count, _ = ref.ranges(lo, hi)
+    check_lookup(ranged, first, count)
+
+
+def test_fixed_size_lookups_compile_without_graph_breaks(device, gen):
+    keys, q, lo, hi, values = make_data(gen, 2000, 300)
+    model = Scorer(keys.to(device), values.to(device))
+    dev = lambda *ts: [t.to(device, copy=True) for t in ts]  # fresh tensors, not views of one batch  # noqa: E731
+
+    explanation = torch._dynamo.explain(model)(*dev(q, lo, hi))
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+    assert {"rx_lookup", "rx_aggregate", "map_keys", "map_ranges"} <= rtindex_ops_in(explanation.graphs)
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
+    for n in (300, 177, 2):  # dynamic=True: one graph for every batch size (sizes 0 and 1 are specialized)
+        args = (q[:n], lo[:n], hi[:n])
+        out = compiled(*dev(*args))
+        check_fixed(out, keys, values, *args)
+        for got, want in zip(out, model(*dev(*args))):
+            for a, b in zip(got, want):
+                assert torch.equal(a, b)
+    assert counter.frame_count == 1
+
+    # A rebuilt index (new keys, new count) is what the compiled module answers from next: the structure
+    # and keys are graph inputs, not constants baked into the graph.
+    fresh, q2, lo2, hi2, values2 = make_data(gen, 900, 100)
+    model.index.rebuild(fresh.to(device))
+    model.values = values2.to(device)
+    check_fixed(compiled(*dev(q2, lo2, hi2)), fresh, values2, q2, lo2, hi2)
+
+
+def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen):
+    keys, q, lo, hi, _ = make_data(gen, 1500, 200)
+    index = RXIndex(keys.to(device), max_range_rays=16)
+
+    def every_match(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
+        points = index.lookup_all(q)
+        ranges = index.range(lo, hi)
+        return points, ranges, points.query_ids()
+
+    # Without the flag (and without fullgraph=True, which implies it on recent PyTorch), Dynamo breaks the
+    # graph at the CSR operator; with it, the whole function is one graph.
+    small = [t[:5].to(device, copy=True) for t in (q, lo, hi)]
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        explanation = torch._dynamo.explain(every_match)(*small)
+    assert explanation.graph_break_count >= 1
+    assert "rtindex.rx_lookup_csr" in str(explanation.break_reasons[0].reason)
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        explanation = torch._dynamo.explain(every_match)(*small)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(every_match, backend=counter, fullgraph=True, dynamic=True)
+        ref = Reference(keys, "int64")
+        for n in (200, 61):
+            points, ranges, owner = compiled(*[t[:n].to(device, copy=True) for t in (q, lo, hi)])
+            check_matches(Matches(*points), ref.points(q[:n])[2])
+            check_matches(Matches(*ranges), ref.ranges(lo[:n], hi[:n])[2])
+            counts = [len(r) for r in ref.points(q[:n])[2]]
+            np.testing.assert_array_equal(owner.cpu().numpy(), np.repeat(np.arange(n), counts))
+        assert counter.frame_count == 1
+        assert {"rx_lookup_csr", "map_keys", "map_ranges"} <= rtindex_ops_in(counter.graphs)
+
+
+def test_argument_checks_still_apply_when_compiled(device):
+    index = RXIndex(torch.tensor([5, 6, 7], device=device))
+    lookup = lambda q: index.lookup(q)  # noqa: E731
+    bad = torch.tensor([6], dtype=torch.int32, device=device)
+    # Without fullgraph, the check's exception leaves the compiled region as it is in eager mode.
+    with pytest.raises(TypeError, match="dtype torch.int32 but the index holds torch.int64"):
+        torch.compile(lookup, backend="eager", dynamic=True)(bad)
+    # With fullgraph=True, Dynamo reports it as Unsupported, quoting the check's message.
+    torch._dynamo.reset()  # forget that the first compile gave up on this code
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="dtype torch.int32 but the index holds torch.int64"):
+        torch.compile(lookup, backend="eager", fullgraph=True, dynamic=True)(bad)
+    good = torch.compile(lookup, backend="eager", fullgraph=True, dynamic=True)(torch.tensor([7, 8], device=device))
+    assert good.first_row.tolist() == [2, -1] and good.count.tolist() == [1, 0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_cuda_graph_capture_is_refused_cleanly(gen):
+    """Capturing an RX lookup in a CUDA graph fails inside OptiX and poisons the CUDA context; the API refuses
+    it with a clear error instead, and the index (and the process's CUDA context) stay usable."""
+    keys, q, _, _, _ = make_data(gen, 2000, 256)
+    index = RXIndex(keys.cuda())
+    q = q.cuda()
+    first, count, _ = Reference(keys, "int64").points(q.cpu())
+    check_lookup(index.lookup(q), first, count)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="cannot be captured in a CUDA graph"):
+        with torch.cuda.graph(graph):
+            index.lookup(q)
+    torch.cuda.synchronize()
+    check_lookup(index.lookup(q), first, count)

@@ -1,0 +1,213 @@
+"""UpdatableCgRXIndex: cgRX with batch inserts and deletes through node lists (section 4 of the cgRX paper).
+
+Every bucket is a chain of fixed-size nodes (default 32 pairs), bulk-loaded half full. The representatives
+and the structure that finds them (radix table, OptiX scene) are fixed at build time and never rebuilt by an
+update; :meth:`rebuild` compacts everything and re-derives them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor
+from .cgrx import CgRXIndex, _ops
+from .results import UpdateResult
+
+NODES_LAYOUT = 3
+
+
+class UpdatableCgRXIndex(CgRXIndex):
+    """A cgRX index that takes batch updates. Same lookups as :class:`CgRXIndex`; row IDs are those given at
+    build (positions) and at insertion (given, or the next free row IDs).
+
+    Args:
+        keys, key_type, backend, scene: as for :class:`CgRXIndex`.
+        node_size: pairs per node (default 32, even); buckets are bulk-loaded with node_size / 2 pairs.
+        growth: spare node capacity reserved beyond what a build or update needs (fraction, >= 1).
+    """
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        *,
+        key_type: str | None = None,
+        node_size: int = 32,
+        backend: str = "auto",
+        scene=None,
+        growth: float = 1.25,
+    ) -> None:
+        if not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
+            raise ValueError(f"node_size must be an even integer in 2 .. 4096, got {node_size!r}")
+        if not growth >= 1.0:
+            raise ValueError(f"growth must be at least 1.0, got {growth!r}")
+        self.node_size = node_size
+        self.growth = float(growth)
+        super().__init__(keys, key_type=key_type, bucket_size=node_size // 2, backend=backend, scene=scene)
+
+    # ------------------------------------------------------------------------------------------------ build
+    def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
+        ops = _ops()
+        if mapped:
+            ordered = keys
+        else:
+            check_key_tensor(keys, "keys", dtype=self.key_dtype, device=self.device)
+            if keys.numel() > MAX_KEYS:
+                raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
+            if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
+                raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
+            ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
+        if rows is None:
+            rows = torch.arange(ordered.numel(), device=self.device, dtype=torch.int64)
+        nodes, reps, table, used = ops.cgrx_nodes_load(ordered, rows.to(torch.int32), self.node_size, self.growth)
+        self._pairs, self._reps, self._table, self._used = nodes, reps, table, int(used)
+        self._n = ordered.numel()
+        self._next_row = int(rows.max()) + 1 if rows.numel() else 0
+        self.num_buckets = reps.numel()
+        if self.backend == "optix" and self.device.type == "cuda":
+            self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
+        else:
+            self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+
+    def _state(self):
+        return (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets, self._used, self._next_row)
+
+    def _restore(self, state) -> None:
+        (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets, self._used, self._next_row) = state
+
+    def rebuild(self, keys: torch.Tensor | None = None) -> None:
+        """Compacts the index (no arguments: same pairs, fresh buckets and representatives) or replaces its keys."""
+        old = self._state()
+        try:
+            if keys is None:
+                k, r = _ops().cgrx_nodes_export(self._pairs, self.node_size, self.num_buckets)
+                next_row = self._next_row
+                self._build(k, r.to(torch.int64) & 0xFFFFFFFF, mapped=True)
+                self._next_row = next_row
+            else:
+                self._build(keys)
+        except BaseException:
+            self._restore(old)
+            raise
+
+    def _args(self, lo, hi):
+        args = list(super()._args(lo, hi))
+        args[7] = NODES_LAYOUT  # layout
+        args[6] = self.node_size  # bucket_size slot carries the node size
+        return tuple(args)
+
+    def _values(self, values: torch.Tensor) -> torch.Tensor:
+        if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.numel() < self._next_row:
+            raise ValueError(f"values must be a 1-D tensor covering every row ID (at least {self._next_row} values)")
+        if values.device != self.device:
+            raise ValueError(f"values are on {values.device} but the index is on {self.device}")
+        if values.dtype not in (torch.int32, torch.int64, torch.float32, torch.float64):
+            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
+        return values.contiguous()
+
+    # ---------------------------------------------------------------------------------------------- updates
+    def _batch(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str):
+        """Maps, validates and sorts one side of a batch by (key, row ID); rows None stays None."""
+        ops = _ops()
+        if keys is None:
+            keys = torch.empty(0, dtype=self.key_dtype, device=self.device)
+        check_key_tensor(keys, f"{what} keys", dtype=self.key_dtype, device=self.device)
+        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
+            raise ValueError(f"{what} keys contain NaN")
+        ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
+        if rows is not None:
+            if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.numel() != keys.numel():
+                raise ValueError(f"{what} rows must be a 1-D tensor with one row ID per key")
+            if rows.device != self.device:
+                raise ValueError(f"{what} rows are on {rows.device} but the index is on {self.device}")
+            if rows.numel() and (bool((rows < 0).any()) or bool((rows > MAX_KEYS - 1).any())):
+                raise ValueError(f"{what} rows must be row IDs in 0 .. 2^32 - 2")
+            rows = rows.to(torch.int64)
+        order_rows = rows if rows is not None else torch.zeros_like(ordered)
+        by_row = torch.sort(order_rows, stable=True).indices
+        ordered, order_rows = ordered[by_row], order_rows[by_row]
+        by_key = torch.sort(ordered ^ (-(2**63)), stable=True).indices
+        ordered, order_rows = ordered[by_key].contiguous(), order_rows[by_key]
+        buckets = ops.cgrx_find_buckets(self._reps, self._table, ordered)
+        offsets = torch.searchsorted(buckets, torch.arange(self.num_buckets + 1, device=self.device))
+        out_rows = order_rows.to(torch.int32).contiguous() if rows is not None else None
+        return ordered, out_rows, offsets
+
+    def update(
+        self,
+        insert_keys: torch.Tensor | None = None,
+        insert_rows: torch.Tensor | None = None,
+        delete_keys: torch.Tensor | None = None,
+        delete_rows: torch.Tensor | None = None,
+    ) -> UpdateResult:
+        """One batch: deletions, then insertions, as multisets of (key, row ID) pairs.
+
+        A deletion with a row ID removes that pair; without row IDs it removes every pair with the key.
+        Deleting something absent is a no-op, counted in ``absent``. Insertions without row IDs get the next
+        free row IDs (returned as ``rows``). All-or-nothing: if the batch cannot be applied (bad input, out of
+        memory) the index is exactly as it was and the error says why.
+        """
+        ops = _ops()
+        n_ins = 0 if insert_keys is None else int(insert_keys.numel())
+        if insert_rows is None:
+            if self._next_row + n_ins > MAX_KEYS:
+                raise ValueError("row IDs would exceed 2^32 - 1; pass insert_rows or rebuild")
+            insert_rows = torch.arange(self._next_row, self._next_row + n_ins, device=self.device)
+        ik, ir, ioff = self._batch(insert_keys, insert_rows, "insert")
+        dk, dr, doff = self._batch(delete_keys, delete_rows, "delete")
+        if self._n + n_ins > MAX_KEYS:
+            raise ValueError("an index holds at most 2^32 - 1 keys")
+        plan = ops.cgrx_nodes_plan(self._pairs, self.node_size, dk, dr, doff, ik, ir, ioff)
+        N = self.node_size
+        chain, total = plan[:, 1], plan[:, 3]
+        needed = torch.clamp((total + N - 1) // N, min=1)
+        extra = torch.clamp(needed - chain, min=0)
+        first_new = torch.cumsum(extra, 0) - extra + self._used
+        list_len = torch.maximum(chain, needed)
+        list_offsets = torch.cumsum(list_len, 0) - list_len
+        sums = torch.stack([extra.sum(), list_len.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()])
+        total_extra, list_total, removed, found = sums.tolist()  # the update's one host sync
+        words = 3 * N + 2
+        nodes = self._pairs
+        capacity = nodes.numel() // words
+        need = self._used + total_extra
+        if need > capacity:  # grow before touching anything: a failed allocation leaves the index as it was
+            grown = torch.empty(int(need * self.growth + 1) * words, dtype=torch.int32, device=self.device)
+            grown[: self._used * words] = nodes[: self._used * words]
+            nodes = grown
+        scratch = torch.empty(max(1, list_total), dtype=torch.int32, device=self.device)
+        ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, plan, first_new, list_offsets, scratch)
+        self._pairs = nodes
+        self._used = need
+        self._n += n_ins - removed
+        if insert_rows.numel():
+            self._next_row = max(self._next_row, int(insert_rows.max()) + 1)
+        return UpdateResult(inserted=n_ins, deleted=removed, absent=dk.numel() - found, rows=insert_rows)
+
+    def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
+        """Inserts keys (row IDs given, or the next free ones)."""
+        return self.update(insert_keys=keys, insert_rows=rows)
+
+    def delete(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
+        """Deletes (key, row ID) pairs, or every pair of each key when rows is None."""
+        return self.update(delete_keys=keys, delete_rows=rows)
+
+    # ----------------------------------------------------------------------------------------- reporting
+    def memory(self) -> dict[str, int]:
+        words = 3 * self.node_size + 2
+        capacity = self._pairs.numel() // words
+        return {
+            "nodes": self._used * words * 4,
+            "free_node_space": (capacity - self._used) * words * 4,
+            "representatives": self._reps.nbytes,
+            "radix_table": self._table.nbytes,
+            "bvh": self._scene.nbytes,
+        }
+
+    def __repr__(self) -> str:
+        mem = sum(self.memory().values())
+        return (
+            f"UpdatableCgRXIndex(keys={self._n}, key_type={self.key_type}, device={self.device}, "
+            f"node_size={self.node_size}, buckets={self.num_buckets}, nodes={self._used}, "
+            f"backend={self.backend}, memory={mem / 2**20:.1f} MiB)"
+        )
+

@@ -1,0 +1,176 @@
+"""IdToRow: raw 64-bit IDs (user IDs, item IDs, hashed features) to the rows of an embedding table.
+
+Recommendation and ranking models key their embedding tables by sparse 64-bit IDs; the table itself is dense.
+:class:`IdToRow` holds the ID of every table row and maps a batch of raw IDs to row indices with one RX point
+lookup, inside or outside ``torch.compile``::
+
+    id_to_row = IdToRow(table_ids, miss="default", default_row=0)
+    rows = id_to_row(raw_ids)          # same shape as raw_ids, int64
+    out = embedding_bag(rows)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .rx import RXIndex
+
+MISS_POLICIES = ("default", "minus_one", "error")
+
+# Integer ID dtypes. Point lookups compare bits, so int64 storage of unsigned IDs needs no key_type.
+_ID_DTYPES = tuple(d for d in (torch.int64, torch.int32, getattr(torch, "uint64", None)) if d is not None)
+
+
+class MissingIdError(KeyError):
+    """Raised by :class:`IdToRow` with ``miss="error"`` when some IDs are not in the table."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+@torch.compiler.disable
+def _raise_on_misses(rows: torch.Tensor, ids: torch.Tensor) -> None:
+    """miss="error": one host sync to learn whether any ID missed; runs outside any compiled graph."""
+    missed = rows < 0
+    if bool(missed.any()):
+        bad = ids.reshape(-1)[missed.reshape(-1)]
+        examples = ", ".join(str(v) for v in bad[:5].tolist())
+        raise MissingIdError(
+            f"IdToRow: {bad.numel()} of {ids.numel()} IDs are not in the table (e.g. {examples}); "
+            "use miss='default' or miss='minus_one' to map unknown IDs instead"
+        )
+
+
+class IdToRow(torch.nn.Module):
+    """Maps raw IDs to embedding-table rows: row ``i`` of the table has ID ``ids[i]``.
+
+    Args:
+        ids: 1-D tensor of the table's IDs (int64, int32 or uint64), one per row, on the device the lookups
+            will run on. Duplicate IDs are allowed; an ID then maps to the smallest of its rows.
+        miss: what an ID that is not in the table maps to:
+
+            - ``"default"``: ``default_row`` (e.g. a shared out-of-vocabulary row, or a padding row);
+            - ``"minus_one"``: ``-1`` (mask it yourself; ``-1`` is no valid index for ``nn.Embedding``);
+            - ``"error"``: raise :class:`MissingIdError` (a ``KeyError``) naming some missing IDs. This needs a
+              host synchronization on every call, and under ``torch.compile`` it is a graph break (the check
+              runs eagerly, so ``fullgraph=True`` refuses it). The other two policies are synchronization- and
+              graph-break-free.
+        default_row: the row misses map to with ``miss="default"`` (a non-negative int; it may be
+            ``len(ids)``, a row appended to the table for unknown IDs).
+
+    The IDs are the buffer ``ids``, so ``.to()``, ``.cuda()``, ``state_dict()`` and ``load_state_dict()``
+    work as for any module; the RX index over them is rebuilt whenever the buffer moves or is loaded
+    (``load_state_dict`` accepts a different number of IDs than the module holds). Assigning a new tensor
+    to ``ids`` or modifying it in place is picked up by the next eager call; under ``torch.compile``
+    call :meth:`rebuild` instead.
+    """
+
+    ids: torch.Tensor
+
+    def __init__(self, ids: torch.Tensor, *, miss: str = "default", default_row: int = 0) -> None:
+        super().__init__()
+        if miss not in MISS_POLICIES:
+            raise ValueError(f"miss must be one of {MISS_POLICIES}, got {miss!r}")
+        if isinstance(default_row, bool) or not isinstance(default_row, int) or default_row < 0:
+            raise ValueError(
+                f"default_row must be a non-negative int, got {default_row!r}; use miss='minus_one' for -1"
+            )
+        self.miss = miss
+        self.default_row = default_row
+        self.register_buffer("ids", self._check_ids(ids))
+        self._index: RXIndex | None = None
+        self._indexed: tuple[torch.Tensor, int | None] | None = None
+        self.rebuild()
+
+    @staticmethod
+    def _check_ids(ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(ids, torch.Tensor):
+            raise TypeError(f"ids must be a torch.Tensor, got {type(ids).__name__}")
+        if ids.dim() != 1:
+            raise ValueError(f"ids must be 1-D (one ID per table row), got shape {tuple(ids.shape)}")
+        if ids.dtype not in _ID_DTYPES:
+            raise TypeError(f"ids must be int64, int32 or uint64, got {ids.dtype}")
+        return ids
+
+    def rebuild(self, ids: torch.Tensor | None = None) -> None:
+        """Re-indexes the table IDs: the given ones (which replace the buffer) or the buffer's current ones."""
+        if ids is not None:
+            self.ids = self._check_ids(ids)
+        ids = self.ids
+        if ids.device.type == "meta":  # a module on the meta device has shapes, not IDs, to index
+            self._index, self._indexed = None, None
+            return
+        self._index = RXIndex(ids.contiguous())
+        self._indexed = (ids, getattr(ids, "_version", None) if not ids.is_inference() else None)
+
+    def _index_is_current(self) -> bool:
+        if self._indexed is None:
+            return False
+        ids, version = self._indexed
+        return ids is self.ids and (version is None or self.ids._version == version)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Row indices (int64, same shape as ``ids``) of raw IDs of any shape; misses follow ``miss``.
+
+        ``ids`` must have the dtype and device of the table's IDs.
+        """
+        if not torch.compiler.is_compiling() and not self._index_is_current():
+            self.rebuild()
+        if self._index is None:
+            raise RuntimeError(f"IdToRow holds no index on device {self.ids.device}; move it to a real device")
+        rows = self._index.lookup(ids.reshape(-1).contiguous()).first_row.view(ids.shape)
+        if self.miss == "default":
+            rows = torch.where(rows < 0, self.default_row, rows)
+        elif self.miss == "error":
+            _raise_on_misses(rows, ids)
+        return rows
+
+    def __len__(self) -> int:
+        return self.ids.numel()
+
+    def extra_repr(self) -> str:
+        default = f", default_row={self.default_row}" if self.miss == "default" else ""
+        return f"num_ids={self.ids.numel()}, dtype={self.ids.dtype}, miss={self.miss!r}{default}"
+
+    # nn.Module hooks: the index follows the buffer.
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling and copy.deepcopy carry the IDs buffer, not the index: the copy builds its own.
+        state = super().__getstate__()
+        state["_index"], state["_indexed"] = None, None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.rebuild()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "IdToRow":
+        super()._apply(fn, recurse)
+        self.rebuild()
+        return self
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        loaded = state_dict.get(prefix + "ids")
+        if isinstance(loaded, torch.Tensor):
+            try:
+                # A table may have grown or shrunk since it was saved: take the saved IDs as they are
+                # (dtype and length), on this module's device, instead of copying into the current buffer.
+                self.ids = self._check_ids(loaded.detach().to(self.ids.device, copy=True))
+            except (TypeError, ValueError) as e:
+                error_msgs.append(f"{prefix}ids: {e}")
+                return
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+        if isinstance(loaded, torch.Tensor):
+            self.rebuild()
