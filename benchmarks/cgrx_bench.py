@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="radix,optix,binary_search")
+    ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -70,6 +71,16 @@ def main() -> None:
     assert torch.equal(sar, expected)
     rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms))
     result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms, "range4_ms": sar_ms}
+    if args.hash_table:
+        from baselines.hash_table import HashTable
+
+        HashTable(keys[:1024])  # compile and warm up outside the timing
+        ht, ht_build_ms, _ = build_timed(lambda: HashTable(keys))
+        ht_ms, ht_rows = timed(lambda: ht.lookup(queries))
+        assert torch.equal(ht_rows, sa_rows), "hash table disagrees with the sorted array"
+        rows.append(("hash table (own baseline, no ranges)", "-", ht_build_ms, ht.nbytes() / 1e9, ht_ms, float("nan")))
+        result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
+        del ht
 
     configs = [(backend, b, "packed_row", "binary") for backend in args.backends.split(",")
                for b in [int(x) for x in args.bucket_sizes.split(",")]]
