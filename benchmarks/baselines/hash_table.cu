@@ -85,7 +85,7 @@ torch::Tensor build(torch::Tensor keys, double load_factor) {
   auto table = torch::full({static_cast<long long>(windows * kGroup * 2)}, -1, keys.options());
   const long long threads = n * kGroup;
   insert_kernel<<<(threads + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<Slot*>(table.data_ptr<long long>()), windows, keys.data_ptr<long long>(), n);
+      reinterpret_cast<Slot*>(table.data_ptr<int64_t>()), windows, reinterpret_cast<const long long*>(keys.data_ptr<int64_t>()), n);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return table;
 }
@@ -96,8 +96,8 @@ torch::Tensor lookup(torch::Tensor table, torch::Tensor queries) {
   const long long threads = queries.numel() * kGroup;
   if (threads == 0) return out;
   lookup_kernel<<<(threads + 255) / 256, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const Slot*>(table.data_ptr<long long>()), windows, queries.data_ptr<long long>(), queries.numel(),
-      out.data_ptr<long long>());
+      reinterpret_cast<const Slot*>(table.data_ptr<int64_t>()), windows, reinterpret_cast<const long long*>(queries.data_ptr<int64_t>()), queries.numel(),
+      reinterpret_cast<long long*>(out.data_ptr<int64_t>()));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
