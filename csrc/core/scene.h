@@ -182,29 +182,30 @@ RTX_HD void inactive_triangle(Vec3 out[3]) {
   for (int i = 0; i < 3; ++i) out[i] = Vec3{nan, nan, nan};
 }
 
-// The axis rays of a cgRX search. Each starts half a slot before its first slot, so it meets exactly the
-// triangles centred on its line from that slot on (origins are (integer - 1/2) * 2^s, exact in float32 like the
-// triangles' corners). It does not stop half a slot after the axis's last slot but runs on to twice the axis's
-// length (an exact power of two): no triangle lies on its line beyond the last slot, and a hit in the last slot
-// must not depend on the computed hit distance staying below an extent only half a slot further. OptiX rounds
-// that distance to about one float32 ulp, which near 2^23 slots is half a slot: with the tight extent, a ray
-// along a 23-bit x axis missed about 40% of the triangles in the last slot x = 2^23 - 1 (seen on an H100).
-// Along +x in row (y, z), from slot x_from.
+// The axis rays of a cgRX search. Each starts half a slot before its first slot and ends half a slot after
+// the axis's last one, so it meets exactly the triangles centred on its line from that slot on; origins and
+// extents are (integer +- 1/2) * 2^s, exact in float32 like the triangles' corners.
+// Along +x in row (y, z), slots x_from .. x_max.
 RTX_HD Ray cgrx_x_ray(int64_t x_from, int64_t y, int64_t z, const SceneConfig& c) {
   const Vec3 p = slot_position(x_from, y, z, c);
-  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, pow2f(c.bits_x + 1)};
+  const int64_t x_max = static_cast<int64_t>(axis_mask(c.bits_x));
+  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, static_cast<float>(x_max - x_from + 1)};
 }
 
-// Along +y in column x of plane z, from row y_from.
+// Along +y in column x of plane z, rows y_from .. y_max.
 RTX_HD Ray cgrx_y_ray(int64_t x, int64_t y_from, int64_t z, const SceneConfig& c) {
   const Vec3 p = slot_position(x, y_from, z, c);
-  return Ray{Vec3{p.x, p.y - half_slot(c).y, p.z}, Vec3{0.f, 1.f, 0.f}, 0.f, pow2f(c.bits_y + 1 + c.scale_y_log2)};
+  const int64_t y_max = static_cast<int64_t>(axis_mask(c.bits_y));
+  const float sy = pow2f(c.scale_y_log2);
+  return Ray{Vec3{p.x, p.y - half_slot(c).y, p.z}, Vec3{0.f, 1.f, 0.f}, 0.f, static_cast<float>(y_max - y_from + 1) * sy};
 }
 
-// Along +z through (x, y), from plane z_from.
+// Along +z through (x, y), planes z_from .. z_max.
 RTX_HD Ray cgrx_z_ray(int64_t x, int64_t y, int64_t z_from, const SceneConfig& c) {
   const Vec3 p = slot_position(x, y, z_from, c);
-  return Ray{Vec3{p.x, p.y, p.z - half_slot(c).z}, Vec3{0.f, 0.f, 1.f}, 0.f, pow2f(c.bits_z + 1 + c.scale_z_log2)};
+  const int64_t z_max = static_cast<int64_t>(axis_mask(c.bits_z));
+  const float sz = pow2f(c.scale_z_log2);
+  return Ray{Vec3{p.x, p.y, p.z - half_slot(c).z}, Vec3{0.f, 0.f, 1.f}, 0.f, static_cast<float>(z_max - z_from + 1) * sz};
 }
 
 }  // namespace rtindex
