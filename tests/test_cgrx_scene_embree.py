@@ -275,4 +275,5 @@ def test_rays_per_lookup():
                     avg[rep_name] = fired.mean()
                 lines.append(f"n={n} B={bucket_size} queries={qname}: naive {avg['naive']:.3f}, "
                              f"optimized {avg['optimized']:.3f} rays/lookup")
+                assert avg["optimized"] <= avg["naive"] + 0.02, lines[-1]
     print("\n" + "\n".join(lines))

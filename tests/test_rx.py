@@ -153,3 +153,21 @@ def test_fuzz(device, seed):
     first, count, rows = ref.ranges(lo, hi)
     check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
     check_matches(index.range(lo.to(device), hi.to(device)), rows)
+
+
+def test_keys_at_row_ends_found_by_full_row_ranges(device):
+    # A ray along a whole 23-bit row meets the last slot 2^23 - 1/2 slots from its start, where OptiX's hit
+    # distance is only accurate to about half a slot; ranges are cut into segments of at most 2^21 slots so
+    # that such hits are never lost (see range_segment in csrc/core/scene.h).
+    rows = torch.tensor([0, 1, 5, 2**20, 2**40 - 1], dtype=torch.int64)
+    ends = rows * ROW + (ROW - 1)
+    starts = rows * ROW
+    keys = torch.cat([ends, starts, ends - 2**21, ends - 2**22]).contiguous()
+    index = RXIndex(keys.to(device))
+    lo, hi = starts, ends
+    r = index.range(lo.to(device), hi.to(device))
+    first, count, rows_expected = Reference(keys, "int64").ranges(lo, hi)
+    check_matches(r, rows_expected)
+    assert count.tolist() == [4] * 5
+    p = index.lookup(ends.to(device))
+    assert p.count.cpu().tolist() == [1] * 5

@@ -103,26 +103,38 @@ RTX_HD Ray point_ray(uint64_t key, const SceneConfig& c) {
   return Ray{Vec3{p.x, p.y, p.z - h.z}, Vec3{0.f, 0.f, 1.f}, 0.f, 2.f * h.z};
 }
 
-// A range lookup [lo, hi] covers one or more rows; in each it covers the x interval [x_first, x_last].
+// A range lookup [lo, hi] covers one or more rows; it is cut into segments, each within one row and at most
+// 2^21 slots long, and each segment is one ray. Why the length limit: OptiX computes a hit's distance along
+// the ray to about one float32 ulp, and at 2^22 slots and beyond that is half a slot or more, the distance
+// between a hit and the ray's end (seen on an H100: rays along a whole 23-bit row missed about 40% of the
+// triangles in the row's last slot). Within 2^21 slots the error stays at a quarter slot or less, inside the
+// half-slot margin every hit has. A full row therefore takes four rays.
+constexpr int kMaxSegmentLog2 = 21;
+
 struct RowSegment {
   uint64_t row;
   uint32_t x_first, x_last;
 };
 
-// Number of row segments (= rays) of [lo, hi]; 0 for an empty range (lo > hi). Saturates at UINT64_MAX
-// only for the full key space (2^41 rows with the default split), which callers treat as "too many".
+RTX_HD int segment_log2(const SceneConfig& c) { return c.bits_x < kMaxSegmentLog2 ? c.bits_x : kMaxSegmentLog2; }
+
+// Number of segments (= rays) of [lo, hi]: the aligned blocks of 2^segment_log2 keys it touches (a block never
+// crosses a row, because rows are aligned blocks of 2^bits_x keys). 0 for an empty range (lo > hi).
 RTX_HD uint64_t range_segment_count(uint64_t lo, uint64_t hi, const SceneConfig& c) {
   if (lo > hi) return 0;
-  return key_row(hi, c) - key_row(lo, c) + 1;
+  const int b = segment_log2(c);
+  return (hi >> b) - (lo >> b) + 1;
 }
 
 RTX_HD RowSegment range_segment(uint64_t lo, uint64_t hi, uint64_t i, const SceneConfig& c) {
-  const uint64_t first_row = key_row(lo, c), last_row = key_row(hi, c);
+  const int b = segment_log2(c);
+  const uint64_t block = (lo >> b) + i;
+  const uint64_t first = block == (lo >> b) ? lo : block << b;
+  const uint64_t last = block == (hi >> b) ? hi : (block << b) | axis_mask(b);
   RowSegment s;
-  s.row = first_row + i;
-  s.x_first = s.row == first_row ? static_cast<uint32_t>(lo & axis_mask(c.bits_x)) : 0u;
-  s.x_last = s.row == last_row ? static_cast<uint32_t>(hi & axis_mask(c.bits_x))
-                               : static_cast<uint32_t>(axis_mask(c.bits_x));
+  s.row = key_row(first, c);
+  s.x_first = static_cast<uint32_t>(first & axis_mask(c.bits_x));
+  s.x_last = static_cast<uint32_t>(last & axis_mask(c.bits_x));
   return s;
 }
 
@@ -182,30 +194,29 @@ RTX_HD void inactive_triangle(Vec3 out[3]) {
   for (int i = 0; i < 3; ++i) out[i] = Vec3{nan, nan, nan};
 }
 
-// The axis rays of a cgRX search. Each starts half a slot before its first slot and ends half a slot after
-// the axis's last one, so it meets exactly the triangles centred on its line from that slot on; origins and
-// extents are (integer +- 1/2) * 2^s, exact in float32 like the triangles' corners.
-// Along +x in row (y, z), slots x_from .. x_max.
+// The axis rays of a cgRX search. Each starts half a slot before its first slot, so it meets exactly the
+// triangles centred on its line from that slot on (origins are (integer - 1/2) * 2^s, exact in float32 like the
+// triangles' corners). It does not stop half a slot after the axis's last slot but runs on to twice the axis's
+// length (an exact power of two): no triangle lies on its line beyond the last slot, and a hit in the last slot
+// must not depend on the computed hit distance staying below an extent only half a slot further. OptiX rounds
+// that distance to about one float32 ulp, which near 2^23 slots is half a slot: with the tight extent, a ray
+// along a 23-bit x axis missed about 40% of the triangles in the last slot x = 2^23 - 1 (seen on an H100).
+// Along +x in row (y, z), from slot x_from.
 RTX_HD Ray cgrx_x_ray(int64_t x_from, int64_t y, int64_t z, const SceneConfig& c) {
   const Vec3 p = slot_position(x_from, y, z, c);
-  const int64_t x_max = static_cast<int64_t>(axis_mask(c.bits_x));
-  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, static_cast<float>(x_max - x_from + 1)};
+  return Ray{Vec3{p.x - 0.5f, p.y, p.z}, Vec3{1.f, 0.f, 0.f}, 0.f, pow2f(c.bits_x + 1)};
 }
 
-// Along +y in column x of plane z, rows y_from .. y_max.
+// Along +y in column x of plane z, from row y_from.
 RTX_HD Ray cgrx_y_ray(int64_t x, int64_t y_from, int64_t z, const SceneConfig& c) {
   const Vec3 p = slot_position(x, y_from, z, c);
-  const int64_t y_max = static_cast<int64_t>(axis_mask(c.bits_y));
-  const float sy = pow2f(c.scale_y_log2);
-  return Ray{Vec3{p.x, p.y - half_slot(c).y, p.z}, Vec3{0.f, 1.f, 0.f}, 0.f, static_cast<float>(y_max - y_from + 1) * sy};
+  return Ray{Vec3{p.x, p.y - half_slot(c).y, p.z}, Vec3{0.f, 1.f, 0.f}, 0.f, pow2f(c.bits_y + 1 + c.scale_y_log2)};
 }
 
-// Along +z through (x, y), planes z_from .. z_max.
+// Along +z through (x, y), from plane z_from.
 RTX_HD Ray cgrx_z_ray(int64_t x, int64_t y, int64_t z_from, const SceneConfig& c) {
   const Vec3 p = slot_position(x, y, z_from, c);
-  const int64_t z_max = static_cast<int64_t>(axis_mask(c.bits_z));
-  const float sz = pow2f(c.scale_z_log2);
-  return Ray{Vec3{p.x, p.y, p.z - half_slot(c).z}, Vec3{0.f, 0.f, 1.f}, 0.f, static_cast<float>(z_max - z_from + 1) * sz};
+  return Ray{Vec3{p.x, p.y, p.z - half_slot(c).z}, Vec3{0.f, 0.f, 1.f}, 0.f, pow2f(c.bits_z + 1 + c.scale_z_log2)};
 }
 
 }  // namespace rtindex
