@@ -2,8 +2,9 @@
 // closest-hit ray search of cgrx_scene.h (ray_search_step: the same code the CPU operator cgrx_scene_rays runs
 // for the Embree test), in whichever representation the GAS holds: naive (at most three rays; a marker sits in
 // the slot of its row's/plane's first bucket) or optimized (markers at the rows' and planes' ends, flipped
-// triangles seen as back faces; at most five rays, usually one or two). The representation is read from the
-// GAS header's triangle count (representation_of_scene). The rest is the shared answer_query.
+// triangles seen as back faces; at most five rays: one where the key's row holds a representative, two or
+// three on sparse 64-bit keys). The representation is read from the GAS header's triangle count
+// (representation_of_scene). The rest is the shared answer_query.
 #include "../optix/optix_device_abi.h"
 #include "cgrx_launch.h"
 
