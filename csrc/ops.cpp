@@ -6,7 +6,12 @@
 //     map_keys / map_ranges from the user's dtype (csrc/core/keys.h);
 //   - `int[] scene` is a SceneConfig: [bits_x, bits_y, bits_z, scale_y_log2, scale_z_log2];
 //   - row IDs come back as int64; a miss is -1 in `first_row` and 0 in `count`;
-//   - `Tensor? hi`: None means point lookups of `lo`; otherwise inclusive ranges [lo, hi].
+//   - `Tensor? hi`: None means point lookups of `lo`; otherwise inclusive ranges [lo, hi];
+//   - *_csr returns CSR (offsets [q + 1], rows [total]): its size depends on the data, so it synchronizes with
+//     the host once. *_csr_capped is the fixed-capacity form: rows has `capacity` entries (-1 past the
+//     matches; the matches at full-CSR positions >= capacity are dropped), offsets are the full CSR's, and
+//     `total` (0-d int64) is the true number of matches; no host sync, capturable in a CUDA graph wherever the
+//     lookup itself is.
 #include <torch/library.h>
 
 #include <string>
@@ -54,6 +59,9 @@ TORCH_LIBRARY(rtindex, m) {
       "rx_lookup_csr(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
       "int max_range_rays) -> (Tensor offsets, Tensor rows)");
   m.def(
+      "rx_lookup_csr_capped(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
+      "int max_range_rays, SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)");
+  m.def(
       "rx_aggregate(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
       "int max_range_rays, Tensor values) -> (Tensor count, Tensor sum)");
 
@@ -74,6 +82,10 @@ TORCH_LIBRARY(rtindex, m) {
       "cgrx_lookup_csr(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor offsets, Tensor rows)");
   m.def(
+      "cgrx_lookup_csr_capped(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
+      "int bucket_size, int layout, bool linear_search, int[] scene, int backend, SymInt capacity) "
+      "-> (Tensor offsets, Tensor rows, Tensor total)");
+  m.def(
       "cgrx_aggregate(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
       "int bucket_size, int layout, bool linear_search, int[] scene, int backend, Tensor values) "
       "-> (Tensor count, Tensor sum)");
@@ -87,7 +99,9 @@ TORCH_LIBRARY(rtindex, m) {
   // layout 3 and the node region as `pairs`, the node size as `bucket_size`. An update is planned
   // (cgrx_nodes_plan), nodes are reserved by the caller, then applied in place (cgrx_nodes_apply).
   // Batches are sorted by (key, row ID); *_offsets[b] .. *_offsets[b + 1] is bucket b's slice.
-  m.def("cgrx_nodes_load(Tensor keys, Tensor rows, int node_size, float growth) -> (Tensor nodes, Tensor reps, Tensor table, int used)");
+  m.def(
+      "cgrx_nodes_load(Tensor keys, Tensor rows, int node_size, float growth) -> (Tensor nodes, Tensor reps, Tensor table, "
+      "SymInt used)");  // SymInt: the node count is data dependent (an unbacked size under torch.compile)
   m.def("cgrx_find_buckets(Tensor reps, Tensor table, Tensor keys) -> Tensor");
   m.def(
       "cgrx_nodes_plan(Tensor nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "

@@ -60,3 +60,26 @@ def check_matches(result, rows):
     assert offsets[-1] == len(got)
     for i, r in enumerate(rows):
         np.testing.assert_array_equal(got[offsets[i] : offsets[i + 1]], r, err_msg=f"query {i}")
+
+
+def check_capped(capped, full, capacity: int, exact_prefix: bool) -> None:
+    """A fixed-capacity CSR answer (offsets, rows, total) against the full one (offsets, rows): the same offsets
+    and total, ``capacity`` rows with -1 past the matches, every query that fits complete and identical, and the
+    query straddling the capacity holding some of its rows: exactly the full answer's first ones where the fill
+    order is the output order (``exact_prefix``), otherwise a subset in ascending order (RX: sorted hits)."""
+    offsets, rows, total = (t.cpu() for t in capped)
+    f_off, f_rows = (t.cpu() for t in full)
+    assert rows.shape == (capacity,) and rows.dtype == torch.int64
+    assert torch.equal(offsets, f_off) and total.dim() == 0 and int(total) == f_rows.numel()
+    n = min(capacity, f_rows.numel())
+    assert bool((rows[n:] == -1).all())
+    if exact_prefix:
+        assert torch.equal(rows[:n], f_rows[:n])
+        return
+    for i in range(offsets.numel() - 1):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        if b <= capacity:
+            assert torch.equal(rows[a:b], f_rows[a:b]), f"query {i}"
+        elif a < capacity:
+            seg = rows[a:capacity]
+            assert set(seg.tolist()) <= set(f_rows[a:b].tolist()) and torch.equal(seg, seg.sort().values)

@@ -1,9 +1,10 @@
-"""torch.compile over the RXIndex API: one graph, no graph breaks (fullgraph=True), dynamic batch sizes, and
-the same answers as eager mode and as the numpy reference.
+"""torch.compile over the index API (RXIndex, CgRXIndex, UpdatableCgRXIndex): one graph, no graph breaks
+(fullgraph=True), dynamic batch sizes, and the same answers as eager mode and as the numpy reference.
 
-Fixed-size outputs (lookup, range_lookup, aggregate) compile as they are. The CSR forms (lookup_all, range)
-have data-dependent sizes; they need torch._dynamo.config.capture_dynamic_output_shape_ops = True, without
-which Dynamo breaks the graph there (checked too; fullgraph=True implies the flag on recent PyTorch).
+Fixed-size outputs (lookup, range_lookup, aggregate, and the fixed-capacity lookup_all_capped / range_capped /
+join_capped) compile as they are. The CSR forms (lookup_all, range) have data-dependent sizes; they need
+torch._dynamo.config.capture_dynamic_output_shape_ops = True, without which Dynamo breaks the graph there
+(checked too; fullgraph=True implies the flag on recent PyTorch).
 Inductor compiles on the CPU here (a C++ compiler is all it needs); compiled functions are kept few, for time.
 """
 
@@ -17,7 +18,7 @@ from keysets import ROW, int64_keys, point_queries, range_queries
 from reference import Reference, check_lookup, check_matches
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torch_rtindex import Lookup, Matches, RXIndex
+from torch_rtindex import CgRXIndex, Lookup, Matches, RXIndex, UpdatableCgRXIndex, join_capped
 
 def rtindex_ops_in(graphs) -> set[str]:
     """The rtindex operators called in Dynamo's captured FX graphs."""
@@ -33,9 +34,9 @@ def rtindex_ops_in(graphs) -> set[str]:
 class Scorer(torch.nn.Module):
     """A module that answers point lookups, range lookups and per-query sums of a value column."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, make_index=None) -> None:
         super().__init__()
-        self.index = RXIndex(keys, max_range_rays=16)
+        self.index = make_index(keys) if make_index else RXIndex(keys, max_range_rays=16)
         self.register_buffer("values", values)
 
     def forward(self, q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
@@ -64,14 +65,26 @@ def check_fixed(out, keys, values, q, lo, hi) -> None:
     check_lookup(ranged, first, count)
 
 
-def test_fixed_size_lookups_compile_without_graph_breaks(device, gen):
+# Every index: RX; cgRX with the radix table (the default without RT cores) and with the optix backend (OptiX rays
+# on CUDA; on the CPU the same answer by binary search); the updatable cgRX (node chains, layout 3).
+INDEXES = {
+    "rx": lambda k: RXIndex(k, max_range_rays=16),
+    "cgrx-radix": lambda k: CgRXIndex(k, bucket_size=8, backend="radix"),
+    "cgrx-optix": lambda k: CgRXIndex(k, bucket_size=8, backend="optix"),
+    "updatable": lambda k: UpdatableCgRXIndex(k, node_size=8, backend="radix"),
+}
+
+
+@pytest.mark.parametrize("kind", list(INDEXES))
+def test_fixed_size_lookups_compile_without_graph_breaks(device, gen, kind):
     keys, q, lo, hi, values = make_data(gen, 2000, 300)
-    model = Scorer(keys.to(device), values.to(device))
+    model = Scorer(keys.to(device), values.to(device), INDEXES[kind])
     dev = lambda *ts: [t.to(device, copy=True) for t in ts]  # fresh tensors, not views of one batch  # noqa: E731
 
     explanation = torch._dynamo.explain(model)(*dev(q, lo, hi))
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
-    assert {"rx_lookup", "rx_aggregate", "map_keys", "map_ranges"} <= rtindex_ops_in(explanation.graphs)
+    prefix = "rx" if kind == "rx" else "cgrx"
+    assert {f"{prefix}_lookup", f"{prefix}_aggregate", "map_keys", "map_ranges"} <= rtindex_ops_in(explanation.graphs)
 
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
@@ -92,9 +105,11 @@ def test_fixed_size_lookups_compile_without_graph_breaks(device, gen):
     check_fixed(compiled(*dev(q2, lo2, hi2)), fresh, values2, q2, lo2, hi2)
 
 
-def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen):
+@pytest.mark.parametrize("kind", ["rx", "cgrx-radix"])
+def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen, kind):
     keys, q, lo, hi, _ = make_data(gen, 1500, 200)
-    index = RXIndex(keys.to(device), max_range_rays=16)
+    index = INDEXES[kind](keys.to(device))
+    op = "rx_lookup_csr" if kind == "rx" else "cgrx_lookup_csr"
 
     def every_match(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
         points = index.lookup_all(q)
@@ -107,7 +122,7 @@ def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen):
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
         explanation = torch._dynamo.explain(every_match)(*small)
     assert explanation.graph_break_count >= 1
-    assert "rtindex.rx_lookup_csr" in str(explanation.break_reasons[0].reason)
+    assert f"rtindex.{op}" in str(explanation.break_reasons[0].reason)
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         explanation = torch._dynamo.explain(every_match)(*small)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
@@ -117,13 +132,18 @@ def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen):
         compiled = torch.compile(every_match, backend=counter, fullgraph=True, dynamic=True)
         ref = Reference(keys, "int64")
         for n in (200, 61):
-            points, ranges, owner = compiled(*[t[:n].to(device, copy=True) for t in (q, lo, hi)])
+            args = [t[:n].to(device, copy=True) for t in (q, lo, hi)]
+            points, ranges, owner = compiled(*args)
             check_matches(Matches(*points), ref.points(q[:n])[2])
-            check_matches(Matches(*ranges), ref.ranges(lo[:n], hi[:n])[2])
+            if index.range_rows_ascending:
+                check_matches(Matches(*ranges), ref.ranges(lo[:n], hi[:n])[2])
+            else:  # cgRX: (key, row ID) order, as in eager mode (test_cgrx.py checks that order)
+                eager = every_match(*args)[1]
+                assert torch.equal(ranges.offsets, eager.offsets) and torch.equal(ranges.rows, eager.rows)
             counts = [len(r) for r in ref.points(q[:n])[2]]
             np.testing.assert_array_equal(owner.cpu().numpy(), np.repeat(np.arange(n), counts))
         assert counter.frame_count == 1
-        assert {"rx_lookup_csr", "map_keys", "map_ranges"} <= rtindex_ops_in(counter.graphs)
+        assert {op, "map_keys", "map_ranges"} <= rtindex_ops_in(counter.graphs)
 
 
 def test_argument_checks_still_apply_when_compiled(device):
@@ -156,3 +176,32 @@ def test_cuda_graph_capture_is_refused_cleanly(gen):
             index.lookup(q)
     torch.cuda.synchronize()
     check_lookup(index.lookup(q), first, count)
+
+
+# ------------------------------------------------------------------------------------- fixed-capacity CSR
+@pytest.mark.parametrize("kind", ["rx", "cgrx"])
+def test_capped_lookups_compile_without_dynamic_output_shapes(device, gen, kind):
+    """lookup_all_capped, range_capped and join_capped have fixed output shapes: one graph with no graph break
+    and no capture_dynamic_output_shape_ops, one compilation for every batch size and capacity."""
+    keys, q, lo, hi, _ = make_data(gen, 1500, 200)
+    index = RXIndex(keys.to(device), max_range_rays=16) if kind == "rx" else CgRXIndex(keys.to(device), backend="radix")
+
+    def capped(q: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, capacity: int):
+        points = index.lookup_all_capped(q, capacity)
+        ranges = index.range_capped(lo, hi, capacity)
+        return points, ranges, points.query_ids(), join_capped(index, q, capacity, how="left")
+
+    dev = lambda *ts: [t.to(device, copy=True) for t in ts]  # noqa: E731
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
+        explanation = torch._dynamo.explain(capped)(*dev(q, lo, hi), 64)
+        assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+        assert f"{kind}_lookup_csr_capped" in rtindex_ops_in(explanation.graphs)
+        counter = CompileCounterWithBackend("inductor")
+        compiled = torch.compile(capped, backend=counter, fullgraph=True, dynamic=True)
+        for n, capacity in ((200, 5000), (177, 300), (50, 7)):  # room to spare, and cut answers
+            args = (*dev(q[:n], lo[:n], hi[:n]), capacity)
+            got, want = compiled(*args), capped(*args)
+            for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+                assert torch.equal(a, b)
+            assert got[0].rows.shape == (capacity,)
+        assert counter.frame_count == 1

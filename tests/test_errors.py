@@ -75,3 +75,19 @@ def test_operators_check_their_arguments(device):
         ops.rx_lookup(s, keys, keys.int(), None, [23, 23, 18, 0, 0], True, 16)
     with pytest.raises(RuntimeError, match="key_type|dtype"):
         ops.map_keys(keys, 3)
+
+
+def test_bad_capacity(device):
+    from torch_rtindex import CgRXIndex
+
+    for index in (RXIndex(torch.tensor([5, 6, 6], device=device)), CgRXIndex(torch.tensor([5, 6, 6], device=device))):
+        q = torch.tensor([6, 7], device=device)
+        with pytest.raises(ValueError, match="capacity must be non-negative"):
+            index.lookup_all_capped(q, -1)
+        with pytest.raises(TypeError, match="capacity must be an int"):
+            index.range_capped(q, q, 2.5)
+        op = getattr(torch.ops.rtindex, f"{index._OPS}_lookup_csr_capped")
+        with pytest.raises(RuntimeError, match="capacity must be non-negative"):  # the operator checks too
+            op(*index._args(q, None), -1)
+        got = index.lookup_all_capped(q, 1)
+        assert got.rows.tolist() == [1] and int(got.total) == 2 and bool(got.overflowed())

@@ -1,4 +1,5 @@
-"""join / range_join against a brute-force numpy join (every probe compared with every build key)."""
+"""join / range_join (and their fixed-capacity forms join_capped / range_join_capped) against a brute-force numpy
+join (every probe compared with every build key), over RXIndex, CgRXIndex and UpdatableCgRXIndex."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import torch._dynamo
 from keysets import ROW, int64_keys, keys_of_type, point_queries, range_queries
 from reference import to_numpy
 
-from torch_rtindex import RXIndex, join, range_join
+from torch_rtindex import CgRXIndex, RXIndex, UpdatableCgRXIndex, join, join_capped, range_join, range_join_capped
+
+# Any index with lookup_all / range works as the build side.
+INDEXES = {
+    "rx": RXIndex,
+    "cgrx": lambda keys, **kw: CgRXIndex(keys, bucket_size=4, backend="radix", **{k: v for k, v in kw.items() if k == "key_type"}),
+    "updatable": lambda keys, **kw: UpdatableCgRXIndex(keys, node_size=4, **{k: v for k, v in kw.items() if k == "key_type"}),
+}
 
 
 def brute_force(match: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
@@ -44,16 +52,33 @@ def build_and_probe(gen: torch.Generator, key_type: str = "int64"):
     return build, probe
 
 
+def check_capped_pairs(got, want: tuple[np.ndarray, np.ndarray], capacity: int) -> None:
+    """A capped join: the true total, -1 padding, and the uncapped pairs where they fit: every probe that fits
+    completely is identical, the probe straddling the capacity has some of its pairs."""
+    probe, build, total = (t.cpu() for t in got)
+    n = min(capacity, want[0].size)
+    assert probe.shape == build.shape == (capacity,) and int(total) == want[0].size
+    assert bool((probe[n:] == -1).all()) and bool((build[n:] == -1).all())
+    np.testing.assert_array_equal(probe[:n].numpy(), want[0][:n])
+    complete = want[0][:n] < (want[0][n] if n < want[0].size else np.iinfo(np.int64).max)
+    np.testing.assert_array_equal(build[:n].numpy()[complete], want[1][:n][complete])
+    for p in np.unique(probe[:n].numpy()[~complete]):  # the cut probe: a subset of its build rows
+        assert set(build[:n].numpy()[probe[:n].numpy() == p]) <= set(want[1][want[0] == p])
+
+
+@pytest.mark.parametrize("kind", list(INDEXES))
 @pytest.mark.parametrize("how", ["inner", "left"])
 @pytest.mark.parametrize("key_type", ["int64", "float64", "uint64"])
-def test_join(device, gen, how, key_type):
+def test_join(device, gen, kind, how, key_type):
     build, probe = build_and_probe(gen, key_type)
-    index = RXIndex(build.to(device), key_type="uint64" if key_type == "uint64" else None)
+    index = INDEXES[kind](build.to(device), key_type="uint64" if key_type == "uint64" else None)
     b, p = to_numpy(build, key_type), to_numpy(probe, key_type)
     want = brute_force(p[:, None] == b[None, :], how)
     check_pairs(join(index, probe.to(device), how=how), want)
     if how == "inner":
         assert want[0].size > probe.numel()  # duplicates on the build side really multiply the matches
+    for capacity in (0, want[0].size // 3, want[0].size, want[0].size + 11):
+        check_capped_pairs(join_capped(index, probe.to(device), capacity, how=how), want, capacity)
 
 
 def test_join_float_semantics(device):
@@ -65,27 +90,34 @@ def test_join_float_semantics(device):
         check_pairs(join(index, probe.to(device), how=how), brute_force(p[:, None] == b[None, :], how))
 
 
+@pytest.mark.parametrize("kind", list(INDEXES))
 @pytest.mark.parametrize("how", ["inner", "left"])
 @pytest.mark.parametrize("key_type", ["int64", "uint64"])
-def test_range_join(device, gen, how, key_type):
+def test_range_join(device, gen, kind, how, key_type):
     build, _ = build_and_probe(gen, key_type)
     lo, hi = range_queries(build, 300, gen, 3 * ROW)  # some empty (lo > hi), some lo == hi
-    index = RXIndex(build.to(device), key_type="uint64" if key_type == "uint64" else None, max_range_rays=2)
+    key_opt = {"key_type": "uint64"} if key_type == "uint64" else {}
+    index = RXIndex(build.to(device), max_range_rays=2, **key_opt) if kind == "rx" else INDEXES[kind](build.to(device), **key_opt)
     b, l, h = (to_numpy(t, key_type) for t in (build, lo, hi))
     want = brute_force((b[None, :] >= l[:, None]) & (b[None, :] <= h[:, None]), how)
-    check_pairs(range_join(index, lo.to(device), hi.to(device), how=how), want)
+    check_pairs(range_join(index, lo.to(device), hi.to(device), how=how), want)  # cgRX: re-sorted by build row
+    for capacity in (0, want[0].size // 2, want[0].size + 5):
+        check_capped_pairs(range_join_capped(index, lo.to(device), hi.to(device), capacity, how=how), want, capacity)
 
 
-def test_empty_sides(device):
-    empty_index = RXIndex(torch.empty(0, dtype=torch.int64, device=device))
+@pytest.mark.parametrize("kind", list(INDEXES))
+def test_empty_sides(device, kind):
+    empty_index = INDEXES[kind](torch.empty(0, dtype=torch.int64, device=device))
     probe = torch.tensor([1, 2, 1], device=device)
     check_pairs(join(empty_index, probe), (np.zeros(0), np.zeros(0)))
     check_pairs(join(empty_index, probe, how="left"), (np.arange(3), np.full(3, -1)))
-    index = RXIndex(torch.tensor([1, 1, 5], device=device))
+    check_capped_pairs(join_capped(empty_index, probe, 4, how="left"), (np.arange(3), np.full(3, -1)), 4)
+    index = INDEXES[kind](torch.tensor([1, 1, 5], device=device))
     none = torch.empty(0, dtype=torch.int64, device=device)
     check_pairs(join(index, none, how="left"), (np.zeros(0), np.zeros(0)))
     check_pairs(range_join(index, none, none, how="left"), (np.zeros(0), np.zeros(0)))
     check_pairs(join(index, probe, how="left"), (np.array([0, 0, 1, 2, 2]), np.array([0, 1, -1, 0, 1])))
+    check_capped_pairs(join_capped(index, none, 3, how="left"), (np.zeros(0), np.zeros(0)), 3)
     with pytest.raises(ValueError, match="how"):
         join(index, probe, how="outer")
     with pytest.raises(ValueError, match="how"):

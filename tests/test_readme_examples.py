@@ -16,7 +16,10 @@ import torch
 import torch._dynamo
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SECTIONS = ["cgRX: the coarse-granular index", "Embedding-ID remapping", "torch.compile", "Feature-store joins", "State and devices"]
+SECTIONS = [
+    "cgRX: the coarse-granular index", "Embedding-ID remapping", "torch.compile", "Feature-store joins", "State and devices",
+    "CUDA graphs and streams", "DLPack (CuPy, JAX, numpy)",
+]
 
 
 def python_blocks(section: str) -> list[str]:

@@ -1,5 +1,6 @@
-"""RXIndex state and devices: state_dict / from_state_dict / load_state_dict, torch.save / torch.load,
-pickling and deepcopy, .to() / .cpu() / .cuda(); answers compared before and after, and with the reference."""
+"""Index state and devices (RXIndex, CgRXIndex, UpdatableCgRXIndex): state_dict / from_state_dict /
+load_state_dict, torch.save / torch.load, pickling and deepcopy, .to() / .cpu() / .cuda(), memory() and repr;
+answers compared before and after, and with the reference."""
 
 from __future__ import annotations
 
@@ -13,12 +14,18 @@ import torch
 from keysets import ROW, int64_keys, keys_of_type, point_queries, range_queries
 from reference import Reference, check_lookup, check_matches
 
-from torch_rtindex import RXIndex, SceneConfig
+from torch_rtindex import CgRXIndex, Matches, RXIndex, SceneConfig, UpdatableCgRXIndex
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def check_answers(index: RXIndex, keys: torch.Tensor, key_type: str, gen: torch.Generator) -> None:
+def by_row(m: Matches) -> Matches:
+    """A CSR answer with each query's rows in ascending order (cgRX ranges come in key order)."""
+    owner = m.query_ids().cpu()
+    return Matches(m.offsets.cpu(), torch.sort(owner * 2**32 + m.rows.cpu()).values & 0xFFFFFFFF)
+
+
+def check_answers(index, keys: torch.Tensor, key_type: str, gen: torch.Generator) -> None:
     """Point and range lookups of ``index`` (on its device) against the reference over ``keys`` (CPU, the
     bits as int64 for uint64 keys)."""
     ref = Reference(keys, key_type)
@@ -31,7 +38,8 @@ def check_answers(index: RXIndex, keys: torch.Tensor, key_type: str, gen: torch.
     lo, hi = range_queries(keys, 100, gen, width)
     first, count, rows = ref.ranges(lo, hi)
     check_lookup(index.range_lookup(dev(lo), dev(hi)), first, count)
-    check_matches(index.range(dev(lo), dev(hi)), rows)
+    m = index.range(dev(lo), dev(hi))
+    check_matches(m if index.range_rows_ascending else by_row(m), rows)
 
 
 def save_load(obj, **load_kwargs):
@@ -167,3 +175,160 @@ def test_repr_and_memory_unchanged(device):
         assert mem["sorted_keys"] == 2 * 8 * 1000
     assert repr(index).startswith("RXIndex(keys=1000, key_type=int64") and "unique=True" in repr(index)
     np.testing.assert_array_equal(index.lookup(torch.tensor([999, 1000], device=device)).first_row.cpu(), [999, -1])
+
+
+# ---------------------------------------------------------------------------------------------------- cgRX
+CGRX_CONFIGS = [
+    ("int64", {}),
+    ("uint64", {"key_type": "uint64", "backend": "binary_search"}),
+    ("float32", {"bucket_size": 4, "layout": "column", "bucket_search": "linear"}),
+    ("int32", {"backend": "optix", "representation": "naive", "layout": "aligned_row", "scene": SceneConfig(22, 21, 21)}),
+]
+
+
+@pytest.mark.parametrize("key_type,options", CGRX_CONFIGS, ids=[c[0] for c in CGRX_CONFIGS])
+def test_cgrx_state_dict_round_trip_through_torch_save(device, gen, tmp_path, key_type, options):
+    keys = keys_of_type(key_type, 1500, gen).to(device)
+    index = CgRXIndex(keys, **options)
+    state = index.state_dict()
+    assert state["keys"] is keys and state["key_type"] == key_type  # the caller's tensor as given
+    assert state["backend"] == options.get("backend", "auto")  # as requested: "auto" is resolved where it is loaded
+    assert state["bucket_size"] == options.get("bucket_size", 16) and state["layout"] == options.get("layout", "packed_row")
+    path = tmp_path / "cgrx.pt"
+    torch.save(state, path)
+    restored = CgRXIndex.from_state_dict(torch.load(path, weights_only=True))
+    for attr in ("device", "key_type", "key_dtype", "bucket_size", "layout", "bucket_search", "backend", "scene",
+                 "representation", "num_buckets"):
+        assert getattr(restored, attr) == getattr(index, attr), attr
+    for a, b in zip(restored.lookup(keys), index.lookup(keys)):
+        assert torch.equal(a, b)
+    check_answers(restored, keys.cpu(), key_type, gen)
+
+
+def test_cgrx_load_state_dict_pickle_and_refusals(device, gen):
+    old_keys, new_keys = int64_keys("uniform", 800, gen), int64_keys("duplicates", 1200, gen)
+    index = CgRXIndex(old_keys.to(device), backend="radix")
+    state = CgRXIndex(new_keys, bucket_size=4).state_dict()  # saved from a CPU index
+    index.load_state_dict(save_load(state))
+    assert index.device.type == device.type and index.bucket_size == 4 and len(index) == new_keys.numel()
+    check_answers(index, new_keys, "int64", gen)
+    with pytest.raises(KeyError, match="missing entries"):
+        index.load_state_dict({k: v for k, v in state.items() if k != "layout"})
+    with pytest.raises(KeyError, match="unexpected entries"):
+        index.load_state_dict({**state, "pairs": torch.zeros(3)})
+    with pytest.raises(ValueError, match="not a CgRXIndex state of version 1"):
+        index.load_state_dict({**state, "format": "torch_rtindex.RXIndex"})
+    check_answers(index, new_keys, "int64", gen)  # unchanged by the failed loads
+
+    for clone in (copy.deepcopy(index), pickle.loads(pickle.dumps(index)), save_load(index, weights_only=False)):
+        assert clone._pairs.data_ptr() != index._pairs.data_ptr() and clone.device == index.device
+        check_answers(clone, new_keys, "int64", gen)
+
+    keys = int64_keys("uniform", 100, gen).to(device)
+    fresh = CgRXIndex(keys)
+    keys[0] += 1
+    with pytest.raises(RuntimeError, match="modified in place"):
+        fresh.state_dict()
+    fresh.rebuild(keys)
+    assert fresh.state_dict()["keys"] is keys
+
+
+@pytest.mark.parametrize("target", DEVICES)
+@pytest.mark.parametrize("cls", [CgRXIndex, UpdatableCgRXIndex])
+def test_cgrx_to_memory_and_repr(device, gen, target, cls):
+    keys = int64_keys("duplicates", 1000, gen)
+    index = cls(keys.to(device), backend="radix")
+    moved = index.to(target)
+    if torch.device(target).type == device.type:
+        assert moved is index
+    else:
+        assert moved is not index and moved.device.type == target and moved.backend == "radix"
+    check_answers(moved, keys, "int64", gen)
+    assert index.cpu().device.type == "cpu"
+    if torch.cuda.is_available():
+        assert index.cuda().device.type == "cuda"
+    mem = moved.memory()
+    expected = {"pairs", "representatives", "radix_table", "bvh"} if cls is CgRXIndex else {
+        "nodes", "free_node_space", "representatives", "radix_table", "bvh"}
+    assert set(mem) == expected and all(isinstance(v, int) and v >= 0 for v in mem.values())
+    assert mem["representatives"] == 8 * moved.num_buckets and mem["bvh"] == 0  # no OptiX scene for "radix"
+    text = repr(moved)
+    assert text.startswith(f"{cls.__name__}(keys={keys.numel()}, key_type=int64, device={moved.device}")
+    assert "backend=radix" in text and "MiB)" in text
+
+
+# ------------------------------------------------------------------------------------- UpdatableCgRXIndex
+def updated_index(device, gen, key_type: str = "int64"):
+    """An updatable index after inserts and deletes, with the reference pairs (key value, row ID) it holds."""
+    keys = keys_of_type(key_type, 600, gen)
+    options = {"key_type": "uint64"} if key_type == "uint64" else {}
+    index = UpdatableCgRXIndex(keys.to(device), node_size=8, **options)
+    ins = keys_of_type(key_type, 300, gen)
+    res = index.update(insert_keys=ins.to(device), delete_keys=keys[:40].to(device), delete_rows=torch.arange(40, device=device))
+    index.delete(keys[100:110].to(device))  # every pair of those keys
+    pairs = list(zip(keys.tolist(), range(keys.numel()))) + list(zip(ins.tolist(), res.rows.tolist()))
+    gone = set(keys[100:110].tolist())
+    pairs = [(k, r) for k, r in pairs if r >= 40 and k not in gone]
+    return index, pairs, torch.cat([keys, ins])
+
+
+@pytest.mark.parametrize("key_type", ["int64", "float32", "uint64"])
+def test_updatable_state_holds_the_pairs_after_updates(device, gen, tmp_path, key_type):
+    index, pairs, all_keys = updated_index(device, gen, key_type)
+    state = index.state_dict()
+    assert state["keys_ordered"] is True and state["key_dtype"] == str(index.key_dtype).removeprefix("torch.")
+    assert state["next_row"] == index._next_row and state["keys"].dtype == torch.int64
+    # The keys are the ordered-key map of the pairs' keys (csrc/core/keys.h), with their row IDs.
+    vals = torch.tensor([k for k, _ in pairs], dtype=all_keys.dtype)
+    want = sorted(zip(torch.ops.rtindex.map_keys(vals, {"int64": 0, "float32": 3, "uint64": 2}[key_type]).tolist(),
+                      [r for _, r in pairs]))
+    assert sorted(zip(state["keys"].cpu().tolist(), state["rows"].cpu().tolist())) == want
+
+    path = tmp_path / "updatable.pt"
+    torch.save(state, path)
+    restored = UpdatableCgRXIndex.from_state_dict(torch.load(path, weights_only=True))
+    assert (restored.key_dtype, restored.key_type, restored.node_size, restored.device, len(restored)) == (
+        index.key_dtype, index.key_type, index.node_size, index.device, len(index))
+    q = all_keys.to(device)
+    for a, b in zip(restored.lookup(q), index.lookup(q)):
+        assert torch.equal(a, b)
+    for a, b in zip(restored.lookup_all(q), index.lookup_all(q)):
+        assert torch.equal(a, b)
+    # Row IDs continue where the saved index left off, on both.
+    new = all_keys[:3].to(device)
+    assert torch.equal(restored.insert(new).rows, index.insert(new).rows)
+    values = torch.arange(index._next_row, dtype=torch.float64, device=device)
+    for a, b in zip(restored.aggregate(q, values), index.aggregate(q, values)):
+        assert torch.equal(a, b)
+
+
+def test_updatable_load_state_dict_to_and_hand_made_states(device, gen):
+    index, pairs, all_keys = updated_index(device, gen)
+    q = all_keys.to(device)
+    before = index.lookup_all(q)
+    other = UpdatableCgRXIndex(torch.tensor([1, 2, 3]))
+    other.load_state_dict(save_load(index.state_dict()))  # built on other's device (the CPU)
+    assert other.device.type == "cpu"
+    for a, b in zip(other.lookup_all(q.cpu()), before):
+        assert torch.equal(a, b.cpu())
+    for target in DEVICES:
+        moved = index.to(target)
+        for a, b in zip(moved.lookup_all(q.to(target)), before):
+            assert torch.equal(a.cpu(), b.cpu())
+    clone = copy.deepcopy(index)
+    assert clone._pairs.data_ptr() != index._pairs.data_ptr()
+    for a, b in zip(clone.lookup_all(q), before):
+        assert torch.equal(a, b)
+
+    # A state made by hand with keys of the key dtype (keys_ordered=False) works too.
+    hand = {**index.state_dict(), "keys": torch.tensor([5, 7, 5], device=device), "rows": torch.tensor([0, 1, 9], device=device),
+            "keys_ordered": False, "next_row": 10}
+    small = UpdatableCgRXIndex.from_state_dict(hand)
+    assert small.lookup_all(torch.tensor([5, 7, 6], device=device)).rows.tolist() == [0, 9, 1]
+    assert small.insert(torch.tensor([6], device=device)).rows.tolist() == [10]
+    with pytest.raises(ValueError, match="rows"):
+        UpdatableCgRXIndex.from_state_dict({**hand, "rows": torch.tensor([0, 1], device=device)})
+    with pytest.raises(KeyError, match="missing entries"):
+        index.load_state_dict({k: v for k, v in hand.items() if k != "next_row"})
+    for a, b in zip(index.lookup_all(q), before):  # unchanged by the failed load
+        assert torch.equal(a, b)

@@ -1,7 +1,8 @@
 """Fake (meta) kernels: output shapes and dtypes of every operator, for torch.compile and opcheck.
 
 Outputs whose size depends on the data (CSR row lists, a BVH's byte size) get unbacked sizes; compiling
-code that uses them needs ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``.
+code that uses them needs ``torch._dynamo.config.capture_dynamic_output_shape_ops = True``. The fixed-capacity
+CSR operators (``*_lookup_csr_capped``) size their rows by the caller's capacity and need nothing else.
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
 def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
     offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
     return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
+
+
+def _capped_csr(lo: torch.Tensor, capacity):
+    """offsets [q + 1], rows [capacity], total (0-d): the fixed-capacity CSR's outputs."""
+    return (
+        lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64),
+        lo.new_empty((capacity,), dtype=torch.int64),
+        lo.new_empty((), dtype=torch.int64),
+    )
+
+
+@register_fake("rtindex::rx_lookup_csr_capped")
+def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays, capacity):
+    return _capped_csr(lo, capacity)
 
 
 @register_fake("rtindex::rx_aggregate")
@@ -95,6 +110,11 @@ def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_s
 def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
     offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
     return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_lookup_csr_capped")
+def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, capacity):
+    return _capped_csr(lo, capacity)
 
 
 @register_fake("rtindex::cgrx_aggregate")

@@ -6,23 +6,26 @@ duplicates and ranges. Finding that bucket is pluggable:
 - ``"optix"``: closest-hit rays through a scene of the representatives, the default on GPUs with RT cores.
   ``representation="optimized"`` (default) is the paper's optimized scene (§3.3): every populated row and
   plane ends with a triangle at its last slot (a representative moved there or an inserted one), triangles
-  alone in their row are flipped (seen as back faces), usually one or two rays; ``"naive"`` (§3.2) adds row
-  and plane markers at x = -1 instead, up to three rays;
+  alone in their row are flipped (seen as back faces); one ray where the key's row holds a representative,
+  about two on sparse 64-bit keys, never more rays than ``"naive"`` on average in our measurements, and a third
+  to almost half fewer triangles on sparse keys; ``"naive"`` (§3.2) adds row and plane markers at x = -1 instead, up to three rays;
 - ``"radix"``: a radix table over the representatives' key range narrows the search to about one
   representative, read from L2 with the table (a few bytes per representative); the default where the GPU has
   no RT cores (A100, H100, H200, B200) and on the CPU;
 - ``"binary_search"``: plain binary search over the representatives (the reference).
 
-Every backend gives identical answers.
+Every backend gives identical answers. The ``"radix"`` and ``"binary_search"`` backends are plain CUDA kernels
+and can be captured in a CUDA graph; the ``"optix"`` backend's OptiX launches cannot (refused with an error).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from . import _extension
-from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, resolve_key_type
-from .results import Aggregate, Lookup, Matches
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops
+from ._keys import resolve_key_type
 from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
@@ -30,11 +33,6 @@ LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2}
 BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
 BUCKET_SEARCHES = ("binary", "linear")
 REPRESENTATIONS = {"naive": 0, "optimized": 1}
-
-
-def _ops():
-    _extension.load()
-    return torch.ops.rtindex
 
 
 def default_backend(device: torch.device) -> str:
@@ -50,7 +48,7 @@ def default_backend(device: torch.device) -> str:
     return "radix"
 
 
-class CgRXIndex:
+class CgRXIndex(IndexBase):
     """A read-only cgRX index over a 1-D tensor of keys; row ID = position of the key in that tensor.
 
     Args:
@@ -64,7 +62,17 @@ class CgRXIndex:
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).
         representation: the OptiX scene's representation, ``"optimized"`` (default) or ``"naive"``; only the
             ``"optix"`` backend builds a scene, and every representation gives the same answers.
+
+    Lookups (shared by every index): :meth:`lookup`, :meth:`lookup_all`, :meth:`lookup_all_capped`,
+    :meth:`range`, :meth:`range_capped`, :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate`.
+    Range results come in (key, row ID) order. Like :class:`RXIndex`, the index keeps a reference to ``keys``
+    for :meth:`state_dict`, which refuses to save once that tensor was modified in place.
     """
+
+    _OPS = "cgrx"
+    range_rows_ascending = False
+    _STATE_FORMAT = "torch_rtindex.CgRXIndex"
+    _STATE_KEYS = ("keys", "key_type", "bucket_size", "layout", "bucket_search", "backend", "scene", "representation")
 
     def __init__(
         self,
@@ -96,6 +104,7 @@ class CgRXIndex:
         self.bucket_size = bucket_size
         self.layout = layout
         self.bucket_search = bucket_search
+        self.requested_backend = backend  # what state_dict() keeps: "auto" is resolved again where it is loaded
         self.backend = default_backend(self.device) if backend == "auto" else backend
         # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
         self.scene = scene or CGRX_SCENE
@@ -103,13 +112,8 @@ class CgRXIndex:
         self._build(keys)
 
     def _build(self, keys: torch.Tensor) -> None:
-        check_key_tensor(keys, "keys", dtype=self.key_dtype, device=self.device)
-        if keys.numel() > MAX_KEYS:
-            raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
-        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
-            raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
+        ordered = self._map_keys(keys)
         ops = _ops()
-        ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
         self._n = ordered.numel()
         self._pairs, self._reps, self._table = ops.cgrx_build(ordered, self.bucket_size, LAYOUTS[self.layout])
         self.num_buckets = -(-self._n // self.bucket_size)
@@ -120,72 +124,63 @@ class CgRXIndex:
             )
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._set_source(keys)
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys. All-or-nothing: on error the index is unchanged."""
-        old = (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets)
-        try:
-            self._build(keys)
-        except BaseException:
-            self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets = old
-            raise
+        self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _args(self, lo: torch.Tensor, hi: torch.Tensor | None):
-        ops = _ops()
-        if hi is None:
-            check_key_tensor(lo, "queries", dtype=self.key_dtype, device=self.device)
-            qlo, qhi = ops.map_keys(lo, KEY_TYPES[self.key_type]), None
-        else:
-            check_key_tensor(lo, "lo", dtype=self.key_dtype, device=self.device)
-            check_key_tensor(hi, "hi", dtype=self.key_dtype, device=self.device)
-            if lo.numel() != hi.numel():
-                raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
-            qlo, qhi = ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
+    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
         return (
             self._pairs, self._reps, self._table, self._scene, qlo, qhi, self.bucket_size, LAYOUTS[self.layout],
             self.bucket_search == "linear", self.scene.as_list(), BACKENDS[self.backend],
         )
 
-    def _values(self, values: torch.Tensor) -> torch.Tensor:
-        if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.numel() != self._n:
-            raise ValueError(f"values must be a 1-D tensor with one value per key ({self._n})")
-        if values.device != self.device:
-            raise ValueError(f"values are on {values.device} but the index is on {self.device}")
-        if values.dtype not in (torch.int32, torch.int64, torch.float32, torch.float64):
-            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
-        return values.contiguous()
+    def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self._pairs, self._reps, self._table, self._scene)
 
-    def lookup(self, queries: torch.Tensor) -> Lookup:
-        """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count."""
-        return Lookup(*_ops().cgrx_lookup(*self._args(queries, None)))
+    def _capture_refusal(self) -> str | None:
+        if self.backend != "optix":
+            return None  # plain CUDA kernels: capturable (verified with torch.cuda.graph replays)
+        return (
+            f"backend='optix' traces rays with OptiX, and {OPTIX_CAPTURE_REASON}; build the index with "
+            "backend='radix' or 'binary_search' (same answers, plain CUDA kernels) to capture its lookups"
+        )
 
-    def lookup_all(self, queries: torch.Tensor) -> Matches:
-        """Point lookups returning every matching row ID (duplicates) as CSR, ascending row IDs."""
-        return Matches(*_ops().cgrx_lookup_csr(*self._args(queries, None)))
+    # ---------------------------------------------------------------------------------- state and devices
+    def _state_entries(self) -> dict[str, Any]:
+        """The keys as given (the caller's tensor, as :meth:`RXIndex.state_dict`) and the configuration."""
+        return {
+            "keys": self._checked_source(),
+            "key_type": self.key_type,
+            "bucket_size": self.bucket_size,
+            "layout": self.layout,
+            "bucket_search": self.bucket_search,
+            "backend": self.requested_backend,
+            "scene": self.scene.as_list(),
+            "representation": self.representation,
+        }
 
-    def range(self, lo: torch.Tensor, hi: torch.Tensor) -> Matches:
-        """Range lookups [lo[i], hi[i]] (inclusive), every row ID as CSR in (key, row ID) order."""
-        return Matches(*_ops().cgrx_lookup_csr(*self._args(lo, hi)))
-
-    def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
-        """Range lookups answered as (smallest matching row ID or -1, match count)."""
-        return Lookup(*_ops().cgrx_lookup(*self._args(lo, hi)))
-
-    def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
-        """Point lookups answered as (match count, sum of ``values[row]`` over the matches)."""
-        return Aggregate(*_ops().cgrx_aggregate(*self._args(queries, None), self._values(values)))
-
-    def range_aggregate(self, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> Aggregate:
-        """Range lookups answered as (match count, sum of ``values[row]`` over the matches)."""
-        return Aggregate(*_ops().cgrx_aggregate(*self._args(lo, hi), self._values(values)))
+    @classmethod
+    def _from_valid_state(cls, state: dict[str, Any]) -> "CgRXIndex":
+        return cls(
+            state["keys"],
+            key_type=state["key_type"],
+            bucket_size=state["bucket_size"],
+            layout=state["layout"],
+            bucket_search=state["bucket_search"],
+            backend=state["backend"],
+            scene=SceneConfig(*state["scene"]),
+            representation=state["representation"],
+        )
 
     # ----------------------------------------------------------------------------------------- reporting
     def __len__(self) -> int:
         return self._n
 
     def memory(self) -> dict[str, int]:
-        """Bytes held on the index's device, per part."""
+        """Bytes held on the index's device, per part (the caller's key tensor, only referenced, not counted)."""
         return {
             "pairs": self._pairs.nbytes,
             "representatives": self._reps.nbytes,

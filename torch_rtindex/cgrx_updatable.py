@@ -3,15 +3,23 @@
 Every bucket is a chain of fixed-size nodes (default 32 pairs), bulk-loaded half full. The representatives
 and the structure that finds them (radix table, OptiX scene) are fixed at build time and never rebuilt by an
 update; :meth:`rebuild` compacts everything and re-derives them.
+
+State: :meth:`UpdatableCgRXIndex.state_dict` holds the index's current (key, row ID) pairs, as exported from
+the node chains after every update so far, with the keys as ordered keys (the order-preserving uint64 map of
+csrc/core/keys.h, in an int64 tensor) and the original key dtype and key type, so that a loaded index takes
+the same query dtypes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor
 from .cgrx import CgRXIndex, _ops
 from .results import UpdateResult
+from .scene import SceneConfig
 
 NODES_LAYOUT = 3
 
@@ -24,7 +32,15 @@ class UpdatableCgRXIndex(CgRXIndex):
         keys, key_type, backend, scene: as for :class:`CgRXIndex`.
         node_size: pairs per node (default 32, even); buckets are bulk-loaded with node_size / 2 pairs.
         growth: spare node capacity reserved beyond what a build or update needs (fraction, >= 1).
+
+    An update mutates the node region in place on the current CUDA stream: order it after lookups running on
+    other streams (``wait_stream``) as for any in-place tensor operation.
     """
+
+    _STATE_FORMAT = "torch_rtindex.UpdatableCgRXIndex"
+    _STATE_KEYS = ("keys", "rows", "keys_ordered", "key_dtype", "key_type", "node_size", "growth", "backend", "scene",
+                   "next_row")
+    _STATE_TENSORS = ("keys", "rows")
 
     def __init__(
         self,
@@ -33,7 +49,7 @@ class UpdatableCgRXIndex(CgRXIndex):
         key_type: str | None = None,
         node_size: int = 32,
         backend: str = "auto",
-        scene=None,
+        scene: SceneConfig | None = None,
         growth: float = 1.25,
     ) -> None:
         if not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
@@ -47,15 +63,7 @@ class UpdatableCgRXIndex(CgRXIndex):
     # ------------------------------------------------------------------------------------------------ build
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
         ops = _ops()
-        if mapped:
-            ordered = keys
-        else:
-            check_key_tensor(keys, "keys", dtype=self.key_dtype, device=self.device)
-            if keys.numel() > MAX_KEYS:
-                raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
-            if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
-                raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
-            ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
+        ordered = keys if mapped else self._map_keys(keys)
         if rows is None:
             rows = torch.arange(ordered.numel(), device=self.device, dtype=torch.int64)
         nodes, reps, table, used = ops.cgrx_nodes_load(ordered, rows.to(torch.int32), self.node_size, self.growth)
@@ -68,41 +76,84 @@ class UpdatableCgRXIndex(CgRXIndex):
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
 
-    def _state(self):
-        return (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets, self._used, self._next_row)
-
-    def _restore(self, state) -> None:
-        (self._n, self._pairs, self._reps, self._table, self._scene, self.num_buckets, self._used, self._next_row) = state
-
     def rebuild(self, keys: torch.Tensor | None = None) -> None:
-        """Compacts the index (no arguments: same pairs, fresh buckets and representatives) or replaces its keys."""
-        old = self._state()
-        try:
-            if keys is None:
-                k, r = _ops().cgrx_nodes_export(self._pairs, self.node_size, self.num_buckets)
-                next_row = self._next_row
-                self._build(k, r.to(torch.int64) & 0xFFFFFFFF, mapped=True)
-                self._next_row = next_row
-            else:
-                self._build(keys)
-        except BaseException:
-            self._restore(old)
-            raise
+        """Compacts the index (no arguments: same pairs, fresh buckets and representatives) or replaces its keys.
 
-    def _args(self, lo, hi):
-        args = list(super()._args(lo, hi))
+        All-or-nothing: on error the index is unchanged.
+        """
+        if keys is not None:
+            self._all_or_nothing(self._build, keys)
+            return
+        k, r = self._export()
+        next_row = self._next_row
+        self._all_or_nothing(self._build, k, r, mapped=True)
+        self._next_row = next_row
+
+    def _export(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current (ordered key, row ID) pairs, row IDs as int64."""
+        k, r = _ops().cgrx_nodes_export(self._pairs, self.node_size, self.num_buckets)
+        return k, r.to(torch.int64) & 0xFFFFFFFF
+
+    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
+        args = list(super()._index_args(qlo, qhi))
         args[7] = NODES_LAYOUT  # layout
         args[6] = self.node_size  # bucket_size slot carries the node size
         return tuple(args)
 
-    def _values(self, values: torch.Tensor) -> torch.Tensor:
-        if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.numel() < self._next_row:
-            raise ValueError(f"values must be a 1-D tensor covering every row ID (at least {self._next_row} values)")
-        if values.device != self.device:
-            raise ValueError(f"values are on {values.device} but the index is on {self.device}")
-        if values.dtype not in (torch.int32, torch.int64, torch.float32, torch.float64):
-            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
-        return values.contiguous()
+    def _num_values(self) -> tuple[int, bool]:
+        return self._next_row, False  # indexed by row ID: every row ID handed out so far
+
+    # ---------------------------------------------------------------------------------- state and devices
+    def state_dict(self) -> dict[str, Any]:
+        """The current pairs and the configuration (never the node region or the search structures, rebuilt on load).
+
+        ``"keys"`` are the pairs' keys as ordered keys (int64 storage of the uint64 order-preserving map,
+        ``"keys_ordered": True``) and ``"rows"`` their row IDs (int64); ``"key_dtype"`` / ``"key_type"`` restore
+        the query dtypes, ``"next_row"`` the next free row ID. A state built by hand may instead hold keys of the
+        key dtype with ``"keys_ordered": False``. Exporting the pairs synchronizes with the host on CUDA.
+        """
+        return super().state_dict()
+
+    def _state_entries(self) -> dict[str, Any]:
+        keys, rows = self._export()
+        return {
+            "keys": keys,
+            "rows": rows,
+            "keys_ordered": True,
+            "key_dtype": str(self.key_dtype).removeprefix("torch."),
+            "key_type": self.key_type,
+            "node_size": self.node_size,
+            "growth": self.growth,
+            "backend": self.requested_backend,
+            "scene": self.scene.as_list(),
+            "next_row": self._next_row,
+        }
+
+    @classmethod
+    def _from_valid_state(cls, state: dict[str, Any]) -> "UpdatableCgRXIndex":
+        key_dtype = getattr(torch, str(state["key_dtype"]), None)
+        if not isinstance(key_dtype, torch.dtype):
+            raise ValueError(f"the state's key_dtype {state['key_dtype']!r} is not a torch dtype")
+        keys, rows = state["keys"], state["rows"]
+        if rows.dim() != 1 or rows.numel() != keys.numel() or rows.dtype not in (torch.int32, torch.int64):
+            raise ValueError("the state's rows must be a 1-D integer tensor with one row ID per key")
+        if rows.device != keys.device:
+            raise ValueError(f"the state's rows are on {rows.device} but its keys on {keys.device}")
+        if rows.numel() and (bool((rows < 0).any()) or bool((rows > MAX_KEYS - 1).any())):
+            raise ValueError("the state's rows must be row IDs in 0 .. 2^32 - 2")
+        if state["keys_ordered"] and (keys.dtype != torch.int64 or keys.dim() != 1):
+            raise TypeError("ordered keys (keys_ordered=True) must be a 1-D int64 tensor")
+        index = cls(
+            torch.empty(0, dtype=key_dtype, device=keys.device),
+            key_type=state["key_type"],
+            node_size=state["node_size"],
+            backend=state["backend"],
+            scene=SceneConfig(*state["scene"]),
+            growth=state["growth"],
+        )
+        index._build(keys.contiguous(), rows.to(torch.int64), mapped=bool(state["keys_ordered"]))
+        index._next_row = max(int(state["next_row"]), index._next_row)
+        return index
 
     # ---------------------------------------------------------------------------------------------- updates
     def _batch(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str):

@@ -141,6 +141,12 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
   return cpu_results::csr(qs.q, lo.options(), /*sort_rows=*/false, matches_of(a, qs));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cpu(CGRX_LOOKUP_ARGS, int64_t capacity) {
+  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
+  const Queries qs = queries_of(pairs, lo, hi);
+  return cpu_results::csr_capped(qs.q, lo.options(), /*sort_rows=*/false, capacity, matches_of(a, qs));
+}
+
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
   const Queries qs = queries_of(pairs, lo, hi);
@@ -210,6 +216,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_build_scene", &cgrx_build_scene_cpu);
   m.impl("cgrx_lookup", &cgrx_lookup_cpu);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cpu);
+  m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cpu);
   m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu);
 }

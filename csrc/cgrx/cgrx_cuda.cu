@@ -234,6 +234,15 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
   return {offsets, rows};
 }
 
+// The fixed-capacity form: no host sync, so the radix-table and binary-search backends (plain CUDA kernels)
+// can be captured in a CUDA graph.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cuda(CGRX_LOOKUP_ARGS, int64_t capacity) {
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, lo.numel(), lo.options(), capacity, false);
+  return {offsets, rows, total};
+}
+
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
@@ -248,6 +257,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_build_scene", &cgrx_build_scene_cuda);
   m.impl("cgrx_lookup", &cgrx_lookup_cuda);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
+  m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cuda);
 }
 

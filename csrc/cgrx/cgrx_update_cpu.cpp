@@ -24,8 +24,9 @@ at::Tensor radix_table_cpu(const at::Tensor& reps) {
   return table;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cpu(const at::Tensor& keys, const at::Tensor& rows,
-                                                                       int64_t node_size, double growth) {
+// `used` is a SymInt in the schema (data dependent: an unbacked size for the fake kernel).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cpu(const at::Tensor& keys, const at::Tensor& rows,
+                                                                           int64_t node_size, double growth) {
   auto loaded = update::load(keys, rows, node_size, growth,
                              [](at::Tensor& nodes, int64_t N, int64_t m, const at::Tensor& k, const at::Tensor& r,
                                 const at::Tensor& starts, const at::Tensor& counts, const at::Tensor& first_extra) {
@@ -40,7 +41,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cpu(const at:
                                    load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(fp[b]));
                                });
                              });
-  return {loaded.nodes, loaded.reps, radix_table_cpu(loaded.reps), loaded.used};
+  return {loaded.nodes, loaded.reps, radix_table_cpu(loaded.reps), c10::SymInt(loaded.used)};
 }
 
 at::Tensor find_buckets_cpu(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {

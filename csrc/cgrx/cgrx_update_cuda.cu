@@ -68,8 +68,9 @@ at::Tensor radix_table_cuda(const at::Tensor& reps) {
   return table;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cuda(const at::Tensor& keys, const at::Tensor& rows,
-                                                                        int64_t node_size, double growth) {
+// `used` is a SymInt in the schema (data dependent: an unbacked size for the fake kernel).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cuda(const at::Tensor& keys, const at::Tensor& rows,
+                                                                            int64_t node_size, double growth) {
   const c10::cuda::CUDAGuard guard(keys.device());
   auto loaded = update::load(keys, rows, node_size, growth,
                              [](at::Tensor& nodes, int64_t N, int64_t m, const at::Tensor& k, const at::Tensor& r,
@@ -80,7 +81,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t> nodes_load_cuda(const at
                                    starts.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), first_extra.data_ptr<int64_t>());
                                RTX_CHECK_LAUNCH();
                              });
-  return {loaded.nodes, loaded.reps, radix_table_cuda(loaded.reps), loaded.used};
+  return {loaded.nodes, loaded.reps, radix_table_cuda(loaded.reps), c10::SymInt(loaded.used)};
 }
 
 at::Tensor find_buckets_cuda(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {

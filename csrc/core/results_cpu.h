@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "checks.h"
 
@@ -33,23 +34,56 @@ std::tuple<at::Tensor, at::Tensor> first_and_count(int64_t q, const at::TensorOp
   return {first, count};
 }
 
-// sort_rows: whether each query's rows are sorted ascending (RX) or kept in visit order (cgRX: key order).
+// Per-query counts and their prefix sums: (offsets [q + 1], counts [q]).
 template <typename ForEach>
-std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each) {
+std::tuple<at::Tensor, at::Tensor> count_pass(int64_t q, const at::TensorOptions& opts, ForEach&& for_each) {
   at::Tensor counts = std::get<1>(first_and_count(q, opts, for_each));
   at::Tensor offsets = at::zeros({q + 1}, opts);
   if (q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
+  return {offsets, counts};
+}
+
+// Writes query i's matches at rows[offsets[i] ..], none at or past rows.numel(); sort_rows: each query's
+// rows ascending (RX) or in visit order (cgRX: key order). A query cut off by the end of `rows` keeps the
+// matches it visited first.
+template <typename ForEach>
+void fill_pass(int64_t q, const at::Tensor& offsets, at::Tensor& rows, bool sort_rows, ForEach&& for_each) {
   const int64_t* off = offsets.data_ptr<int64_t>();
-  at::Tensor rows = at::empty({off[q]}, opts);
   int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t limit = rows.numel();
   at::parallel_for(0, q, 256, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      int64_t* out = r + off[i];
-      for_each(i, [&](int64_t row) { *out++ = row; });
-      if (sort_rows) std::sort(r + off[i], out);
+      if (off[i] >= limit) continue;  // nothing of this query fits
+      int64_t at = off[i];
+      for_each(i, [&](int64_t row) {
+        if (at < limit) r[at] = row;
+        ++at;
+      });
+      if (sort_rows) std::sort(r + off[i], r + std::min(at, limit));
     }
   });
+}
+
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each) {
+  at::Tensor offsets, counts;
+  std::tie(offsets, counts) = count_pass(q, opts, for_each);
+  at::Tensor rows = at::empty({offsets[q].item<int64_t>()}, opts);
+  fill_pass(q, offsets, rows, sort_rows, for_each);
   return {offsets, rows};
+}
+
+// The fixed-capacity CSR (as cuda_results::csr_capped): rows has `capacity` entries, -1 past the matches;
+// returns (offsets, rows, total as a 0-d tensor).
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_capped(int64_t q, const at::TensorOptions& opts, bool sort_rows,
+                                                          int64_t capacity, ForEach&& for_each) {
+  TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  at::Tensor offsets, counts;
+  std::tie(offsets, counts) = count_pass(q, opts, for_each);
+  at::Tensor rows = at::full({capacity}, -1, opts);
+  fill_pass(q, offsets, rows, sort_rows, for_each);
+  return {offsets, rows, offsets.select(0, q).clone()};
 }
 
 template <typename scalar_t, typename acc_t, typename ForEach>

@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 #include "checks.h"
 #include "results_device.h"
 
@@ -21,23 +23,55 @@ std::tuple<at::Tensor, at::Tensor> first_and_count(Launcher& l, int64_t q, const
   return {first, count};
 }
 
+// Pass 1 of a CSR lookup: per-query counts and, prefix-summed on the device, the offsets. Returns (offsets,
+// counts); both all zero when there is nothing to launch.
+template <typename Launcher>
+std::tuple<at::Tensor, at::Tensor> count_pass(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index) {
+  at::Tensor counts = at::zeros({q}, opts);
+  at::Tensor offsets = at::zeros({q + 1}, opts);
+  if (empty_index || q == 0) return {offsets, counts};
+  l.p.results.count = counts.data_ptr<int64_t>();
+  l.run(ResultMode::Count);
+  offsets.slice(0, 1).copy_(counts.cumsum(0));
+  return {offsets, counts};
+}
+
+// Pass 2: every query writes its matches at its offset, none at or past rows.numel().
+template <typename Launcher>
+void fill_pass(Launcher& l, const at::Tensor& offsets, at::Tensor& rows) {
+  l.p.results.offsets = offsets.data_ptr<int64_t>();
+  l.p.results.rows = rows.data_ptr<int64_t>();
+  l.p.results.capacity = rows.numel();
+  l.run(ResultMode::Fill);
+}
+
 // Two passes over the same matches: count, then fill at the prefix-summed offsets. Learning the output size
 // is the one host sync of a CSR lookup. Returns (offsets, rows, per-query counts).
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index) {
-  at::Tensor counts = at::zeros({q}, opts);
-  at::Tensor offsets = at::zeros({q + 1}, opts);
+  at::Tensor offsets, counts;
+  std::tie(offsets, counts) = count_pass(l, q, opts, empty_index);
   if (empty_index || q == 0) return {offsets, at::empty({0}, opts), counts};
-  l.p.results.count = counts.data_ptr<int64_t>();
-  l.run(ResultMode::Count);
-  offsets.slice(0, 1).copy_(counts.cumsum(0));
   const int64_t total = offsets[q].item<int64_t>();
   at::Tensor rows = at::empty({total}, opts);
-  if (total == 0) return {offsets, rows, counts};
-  l.p.results.offsets = offsets.data_ptr<int64_t>();
-  l.p.results.rows = rows.data_ptr<int64_t>();
-  l.run(ResultMode::Fill);
+  if (total > 0) fill_pass(l, offsets, rows);
   return {offsets, rows, counts};
+}
+
+// The fixed-capacity CSR: the same two passes into a caller-sized buffer, with no host sync (so it can be
+// captured in a CUDA graph wherever the launcher can). rows has `capacity` entries: entry j < min(total,
+// capacity) is filled exactly as a full CSR's entry j, the rest stay -1. offsets are the full CSR's (they may
+// point past the buffer). Returns (offsets, rows, total as a 0-d tensor, per-query counts).
+template <typename Launcher>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_capped(Launcher& l, int64_t q, const at::TensorOptions& opts,
+                                                                      int64_t capacity, bool empty_index) {
+  TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  at::Tensor offsets, counts;
+  std::tie(offsets, counts) = count_pass(l, q, opts, empty_index);
+  at::Tensor rows = at::full({capacity}, -1, opts);
+  at::Tensor total = offsets.select(0, q).clone();
+  if (!empty_index && q > 0 && capacity > 0) fill_pass(l, offsets, rows);
+  return {offsets, rows, total, counts};
 }
 
 template <typename Launcher>

@@ -10,7 +10,7 @@ namespace rtindex {
 enum class ResultMode : uint32_t {
   First = 0,      // first_row + count
   Count = 1,      // count only (pass 1 of a CSR result)
-  Fill = 2,       // rows[offsets[q] + i] (pass 2 of a CSR result)
+  Fill = 2,       // rows[offsets[q] + i] (pass 2 of a CSR result), only below `capacity`
   Aggregate = 3,  // count + sum of values[row]
 };
 
@@ -25,6 +25,7 @@ struct ResultParams {
   int64_t* rows;
   const void* values;
   void* sums;
+  int64_t capacity;  // Fill: the length of `rows`; entries at or past it are counted but not written
 };
 
 // count, smallest row ID and the 64-bit sum as two words: four 32-bit values, as OptiX payloads are.
@@ -55,7 +56,8 @@ __device__ __forceinline__ void record_hit(const ResultParams& r, HitState& s, u
   const ResultMode mode = static_cast<ResultMode>(r.mode);
   if (mode == ResultMode::Fill) {
     const long long at = r.offsets[q] + s.count;
-    if (at < r.offsets[q + 1]) r.rows[at] = row;  // both passes see the same matches; never past the end
+    // Both passes see the same matches; never past the query's end, nor past the buffer of a capped result.
+    if (at < r.offsets[q + 1] && at < r.capacity) r.rows[at] = row;
   } else if (mode == ResultMode::Aggregate) {
     add_value(r, s, row);
   }

@@ -122,6 +122,14 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cpu(const at::Tensor& structure
   return cpu_results::csr(a.q, lo.options(), /*sort_rows=*/true, matches_of(a, max_range_rays));
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cpu(const at::Tensor& structure, const at::Tensor& keys,
+                                                                        const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
+                                                                        at::IntArrayRef scene, bool /*unique_keys*/,
+                                                                        int64_t max_range_rays, int64_t capacity) {
+  const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
+  return cpu_results::csr_capped(a.q, lo.options(), /*sort_rows=*/true, capacity, matches_of(a, max_range_rays));
+}
+
 std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(const at::Tensor& structure, const at::Tensor& keys,
                                                     const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
                                                     at::IntArrayRef scene, bool /*unique_keys*/,
@@ -138,6 +146,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("rx_refit", &rx_refit_cpu);
   m.impl("rx_lookup", &rx_lookup_cpu);
   m.impl("rx_lookup_csr", &rx_lookup_csr_cpu);
+  m.impl("rx_lookup_csr_capped", &rx_lookup_csr_capped_cpu);
   m.impl("rx_aggregate", &rx_aggregate_cpu);
 }
 

@@ -1,9 +1,11 @@
 // RX on CUDA: triangles from keys, an OptiX GAS over them (csrc/optix/gas.h), and lookups as OptiX launches on
 // PyTorch's current stream. Lookups neither synchronize nor allocate host memory, except the CSR forms,
-// which must learn their output size.
+// which must learn their output size (the fixed-capacity CSR form does not).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <limits>
 
 #include "../core/checks.h"
 #include "../core/cuda_utils.h"
@@ -124,6 +126,27 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
   return {offsets, rows};
 }
 
+// The fixed-capacity form, without a host sync: the composite sort runs over the whole buffer, the entries
+// past the matches (or past the buffer) keyed by a sentinel that sorts last. A query cut off by the capacity
+// keeps the rows its rays met first, in ascending order.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const at::Tensor& structure, const at::Tensor& keys,
+                                                                         const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
+                                                                         at::IntArrayRef scene, bool unique_keys,
+                                                                         int64_t max_range_rays, int64_t capacity) {
+  const c10::cuda::CUDAGuard guard(keys.device());
+  Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
+  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, l.q, lo.options(), capacity, l.p.num_keys == 0);
+  const bool at_most_one = unique_keys && !hi.has_value();
+  if (!at_most_one && capacity > 0 && l.q > 0) {
+    at::Tensor pos = at::arange(capacity, lo.options());
+    at::Tensor written = pos < total;  // the filled prefix: min(total, capacity) entries
+    at::Tensor owner = at::searchsorted(offsets.slice(0, 1), pos, /*out_int32=*/false, /*right=*/true);
+    at::Tensor composite = at::where(written, owner * (int64_t(1) << 32) + rows, std::numeric_limits<int64_t>::max());
+    rows = at::where(written, std::get<0>(composite.sort()) & 0xFFFFFFFFLL, int64_t(-1));
+  }
+  return {offsets, rows, total};
+}
+
 std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure, const at::Tensor& keys,
                                                      const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
                                                      at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays,
@@ -141,6 +164,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("rx_refit", &rx_refit_cuda);
   m.impl("rx_lookup", &rx_lookup_cuda);
   m.impl("rx_lookup_csr", &rx_lookup_csr_cuda);
+  m.impl("rx_lookup_csr_capped", &rx_lookup_csr_capped_cuda);
   m.impl("rx_aggregate", &rx_aggregate_cuda);
 }
 

@@ -1,0 +1,355 @@
+"""What every index class shares: the lookup methods over the index's operators, argument checks, state
+(``state_dict`` / ``load_state_dict`` / ``from_state_dict``, pickling), moving between devices, CUDA stream
+bookkeeping and the CUDA-graph capture checks.
+
+A subclass names its operator family (``_OPS``: ``"rx"`` or ``"cgrx"``) and supplies the index-specific parts:
+the operator arguments before and after the queries (:meth:`IndexBase._index_args`), the tensors it keeps on
+the device (:meth:`IndexBase._kept_tensors`), its state entries and how to build an index from them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, ClassVar, TypeVar
+
+import torch
+
+from . import _extension
+from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor
+from .results import Aggregate, CappedMatches, Lookup, Matches
+
+IndexT = TypeVar("IndexT", bound="IndexBase")
+
+VALUE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
+
+# Why an OptiX launch is never captured in a CUDA graph (RX on CUDA, cgRX with backend="optix"): seen on an H100,
+# the capture fails inside OptiX with an illegal memory access that poisons the CUDA context for the rest of the
+# process, so the API refuses before launching.
+OPTIX_CAPTURE_REASON = "OptiX launches fail under capture with an illegal memory access that poisons the CUDA context"
+
+
+def _ops():
+    _extension.load()
+    return torch.ops.rtindex
+
+
+def _version_counter(t: torch.Tensor) -> int | None:
+    """A tensor's in-place modification counter (None for inference tensors, which have none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def resolve_device(device: torch.device | str | int) -> torch.device:
+    """``device`` as a torch.device with an index for CUDA (an int is a CUDA ordinal, as in ``Tensor.to``)."""
+    d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _article(name: str) -> str:
+    return "an" if name[:1] in "AEIOUR" else "a"
+
+
+class IndexBase:
+    """The shared part of :class:`~torch_rtindex.RXIndex`, :class:`~torch_rtindex.CgRXIndex` and
+    :class:`~torch_rtindex.UpdatableCgRXIndex` (see each class for its semantics)."""
+
+    #: operator family: the index's operators are ``torch.ops.rtindex.<_OPS>_lookup`` etc.
+    _OPS: ClassVar[str]
+    #: whether ``range`` returns each query's rows in ascending row order (True) or in key order (False)
+    range_rows_ascending: ClassVar[bool]
+    _STATE_FORMAT: ClassVar[str]
+    _STATE_VERSION: ClassVar[int] = 1
+    #: the state's entries besides "format" and "version", and which of them must be tensors
+    _STATE_KEYS: ClassVar[tuple[str, ...]]
+    _STATE_TENSORS: ClassVar[tuple[str, ...]] = ("keys",)
+
+    key_type: str
+    key_dtype: torch.dtype
+    device: torch.device
+
+    # ------------------------------------------------------------------------------------ subclass hooks
+    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
+        """The operator arguments of a lookup of the ordered queries (everything but a trailing capacity or values)."""
+        raise NotImplementedError
+
+    def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The device tensors the lookups read (the index structure)."""
+        raise NotImplementedError
+
+    def _capture_refusal(self) -> str | None:
+        """Why this index's CUDA lookups cannot be captured in a CUDA graph, or None if they can."""
+        return None
+
+    def _num_values(self) -> tuple[int, bool]:
+        """How many values a value column needs: (n, exact) — exactly n, or at least n."""
+        return len(self), True
+
+    def _state_entries(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def _from_valid_state(cls: type[IndexT], state: dict[str, Any]) -> IndexT:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def memory(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ building
+    def _map_keys(self, keys: torch.Tensor) -> torch.Tensor:
+        """Checks keys to index (dtype, device, count, no NaN) and maps them to ordered keys."""
+        check_key_tensor(keys, "keys", dtype=self.key_dtype, device=self.device)
+        if keys.numel() > MAX_KEYS:
+            raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
+        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
+            raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
+        ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
+        self._record_stream_uses((keys,), index=False)  # read on this stream, maybe made on another
+        return ordered
+
+    def _set_source(self, keys: torch.Tensor) -> None:
+        self._source = keys  # the caller's tensor, as given, for state_dict()
+        self._source_version = _version_counter(keys)
+
+    def _checked_source(self) -> torch.Tensor:
+        if self._source_version is not None and _version_counter(self._source) != self._source_version:
+            raise RuntimeError(
+                "the key tensor this index was built from was modified in place afterwards, so it no longer holds "
+                "the indexed keys; call index.rebuild(keys) to index the new values, or save before modifying"
+            )
+        return self._source
+
+    def _all_or_nothing(self, build, *args: Any, **kwargs: Any) -> None:
+        """Runs ``build``; if it raises, the index is restored exactly as it was."""
+        saved = dict(self.__dict__)
+        try:
+            build(*args, **kwargs)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
+
+    # --------------------------------------------------------------------------- streams and CUDA graphs
+    def _refuse_capture(self, method: str, needs_host_sync: bool) -> None:
+        """Eager CUDA only: refuse, with the reason, a CUDA-graph capture that cannot work."""
+        if self.device.type != "cuda" or torch.compiler.is_compiling() or not torch.cuda.is_current_stream_capturing():
+            return
+        name = type(self).__name__
+        reason = self._capture_refusal()
+        if reason is not None:
+            raise RuntimeError(
+                f"{name} lookups on CUDA cannot be captured in a CUDA graph (torch.cuda.graph, or torch.compile "
+                f"with mode='reduce-overhead'): {reason}"
+            )
+        if needs_host_sync:
+            raise RuntimeError(
+                f"{name}.{method} cannot be captured in a CUDA graph: its output size depends on the data, and "
+                f"learning it needs a host synchronization; use {method}_capped(..., capacity), which returns a "
+                "fixed-size answer and the true match count"
+            )
+
+    def _record_stream_uses(self, inputs: tuple[torch.Tensor | None, ...], index: bool = True) -> None:
+        """Eager CUDA only: makes the (checked) inputs, and with ``index`` the index's own tensors, safe to use on
+        the current stream when they were made on another one (see the README, "CUDA graphs and streams")."""
+        if self.device.type != "cuda" or torch.compiler.is_compiling():
+            return
+        stream = torch.cuda.current_stream(self.device)
+        # Inputs: the operators read them on this stream, so a tensor made on another stream and freed by the
+        # caller right after the call must not be handed out again by that stream before they have run.
+        for t in inputs:
+            if t is not None:
+                t.record_stream(stream)
+        if not index:
+            return
+        # The index: built on one stream, read on this one; when it is rebuilt or dropped, its memory must wait
+        # for this stream's lookups. Recorded once per structure and stream (record_stream on the stream that
+        # allocated a tensor is a no-op).
+        kept = self._kept_tensors()
+        uses = self.__dict__.setdefault("_stream_uses", {})
+        key = (stream.device_index, stream.stream_id)
+        refs = uses.get(key)
+        if refs is None or len(refs) != len(kept) or any(r() is not t for r, t in zip(refs, kept)):
+            for t in kept:
+                t.record_stream(stream)
+            uses[key] = [weakref.ref(t) for t in kept]
+
+    # --------------------------------------------------------------------------------------------- lookups
+    def _queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        ops = _ops()
+        if hi is None:
+            check_key_tensor(lo, "queries", dtype=self.key_dtype, device=self.device)
+            return ops.map_keys(lo, KEY_TYPES[self.key_type]), None
+        check_key_tensor(lo, "lo", dtype=self.key_dtype, device=self.device)
+        check_key_tensor(hi, "hi", dtype=self.key_dtype, device=self.device)
+        if lo.numel() != hi.numel():
+            raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
+        return ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
+
+    def _args(self, lo: torch.Tensor, hi: torch.Tensor | None, method: str = "lookup", needs_host_sync: bool = False,
+              values: torch.Tensor | None = None) -> tuple:
+        """The operator arguments of a lookup (with the checked value column last, when given)."""
+        self._refuse_capture(method, needs_host_sync)
+        qlo, qhi = self._queries(lo, hi)
+        args, inputs = self._index_args(qlo, qhi), (lo, hi)
+        if values is not None:
+            checked = self._values(values)  # the caller's column, or a contiguous copy of it
+            args, inputs = (*args, checked), (lo, hi, values, checked)
+        self._record_stream_uses(inputs)
+        return args
+
+    def _values(self, values: torch.Tensor) -> torch.Tensor:
+        n, exact = self._num_values()
+        if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.numel() < n or (exact and values.numel() != n):
+            need = f"one value per key ({n})" if exact else f"a value for every row ID (at least {n} values)"
+            raise ValueError(f"values must be a 1-D tensor with {need}")
+        if values.device != self.device:
+            raise ValueError(f"values are on {values.device} but the index is on {self.device}")
+        if values.dtype not in VALUE_DTYPES:
+            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
+        return values.contiguous()
+
+    @staticmethod
+    def _capacity(capacity: int | torch.SymInt) -> int | torch.SymInt:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, torch.SymInt)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if capacity < 0:
+            raise ValueError(f"capacity must be non-negative, got {capacity}")
+        return capacity
+
+    def _op(self, form: str):
+        return getattr(_ops(), f"{self._OPS}_{form}")
+
+    def lookup(self, queries: torch.Tensor) -> Lookup:
+        """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count.
+
+        Args:
+            queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
+        """
+        return Lookup(*self._op("lookup")(*self._args(queries, None)))
+
+    def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
+        """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order; empty when ``lo[i] > hi[i]``)
+        answered as (smallest matching row ID or -1, match count)."""
+        return Lookup(*self._op("lookup")(*self._args(lo, hi, "range_lookup")))
+
+    def lookup_all(self, queries: torch.Tensor) -> Matches:
+        """Point lookups returning every matching row ID (duplicates) as CSR, ascending row IDs per query.
+
+        The output size depends on the data: one host synchronization, and under ``torch.compile`` it needs
+        ``capture_dynamic_output_shape_ops``; :meth:`lookup_all_capped` has neither.
+        """
+        return Matches(*self._op("lookup_csr")(*self._args(queries, None, "lookup_all", True)))
+
+    def range(self, lo: torch.Tensor, hi: torch.Tensor) -> Matches:
+        """Range lookups ``[lo[i], hi[i]]`` (inclusive), every matching row ID as CSR: ascending row IDs per query
+        (RXIndex) or (key, row ID) order (cgRX indexes; see ``range_rows_ascending``).
+
+        One host synchronization, as :meth:`lookup_all`; :meth:`range_capped` has none.
+        """
+        return Matches(*self._op("lookup_csr")(*self._args(lo, hi, "range", True)))
+
+    def lookup_all_capped(self, queries: torch.Tensor, capacity: int) -> CappedMatches:
+        """:meth:`lookup_all` into a fixed-size answer: at most ``capacity`` row IDs, plus the true match count.
+
+        No host synchronization and fixed output shapes: usable in CUDA graphs (where the index's lookups are,
+        see :meth:`capturable`) and under ``torch.compile`` without ``capture_dynamic_output_shape_ops``.
+        See :class:`~torch_rtindex.CappedMatches` for what a truncated answer holds.
+        """
+        capacity = self._capacity(capacity)
+        return CappedMatches(*self._op("lookup_csr_capped")(*self._args(queries, None, "lookup_all_capped"), capacity))
+
+    def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
+        """:meth:`range` into a fixed-size answer of ``capacity`` row IDs plus the true match count (see
+        :meth:`lookup_all_capped`)."""
+        capacity = self._capacity(capacity)
+        return CappedMatches(*self._op("lookup_csr_capped")(*self._args(lo, hi, "range_capped"), capacity))
+
+    def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
+        """Point lookups answered as (match count, sum of ``values[row]`` over the matches); sums of integer
+        values are int64, of floating values float64."""
+        return Aggregate(*self._op("aggregate")(*self._args(queries, None, "aggregate", values=values)))
+
+    def range_aggregate(self, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> Aggregate:
+        """Range lookups answered as (match count, sum of ``values[row]`` over the matches)."""
+        return Aggregate(*self._op("aggregate")(*self._args(lo, hi, "range_aggregate", values=values)))
+
+    def capturable(self) -> bool:
+        """Whether this index's fixed-size lookups (``lookup``, ``range_lookup``, ``aggregate``,
+        ``range_aggregate``, ``*_capped``) can be captured in a CUDA graph: CPU indexes trivially, CUDA indexes
+        unless their lookups are OptiX launches."""
+        return self.device.type != "cuda" or self._capture_refusal() is None
+
+    # ---------------------------------------------------------------------------------- state and devices
+    def state_dict(self) -> dict[str, Any]:
+        """The index's keys and configuration (never its device structures, which are rebuilt on load).
+
+        Holds only tensors, strings, ints, floats, bools and lists, so ``torch.save(index.state_dict(), f)``
+        and ``torch.load(f)`` (``weights_only=True``) round-trip it.
+        """
+        return {"format": self._STATE_FORMAT, "version": self._STATE_VERSION, **self._state_entries()}
+
+    @classmethod
+    def _check_state(cls, state: dict[str, Any]) -> None:
+        name, a = cls.__name__, _article(cls.__name__)
+        if not isinstance(state, dict):
+            raise TypeError(f"{a} {name} state is a dict (from {name}.state_dict()), got {type(state).__name__}")
+        expected = ("format", "version", *cls._STATE_KEYS)
+        missing = [k for k in expected if k not in state]
+        unexpected = sorted(str(k) for k in state if k not in expected)
+        if missing or unexpected:
+            raise KeyError(f"not {a} {name} state: missing entries {missing}, unexpected entries {unexpected}")
+        if state["format"] != cls._STATE_FORMAT or state["version"] != cls._STATE_VERSION:
+            raise ValueError(
+                f"not {a} {name} state of version {cls._STATE_VERSION}: format {state['format']!r}, "
+                f"version {state['version']!r}"
+            )
+        for k in cls._STATE_TENSORS:
+            if not isinstance(state[k], torch.Tensor):
+                raise TypeError(f"the state's {k} must be a tensor, got {type(state[k]).__name__}")
+
+    @classmethod
+    def from_state_dict(cls: type[IndexT], state: dict[str, Any], device: torch.device | str | None = None) -> IndexT:
+        """A new index built from :meth:`state_dict`'s output, on ``device`` (default: where the state's keys are)."""
+        cls._check_state(state)
+        if device is not None:
+            state = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        return cls._from_valid_state(state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replaces this index by the one ``state`` describes, built on this index's device.
+
+        All-or-nothing: if the state is malformed or its keys are rejected, the index is unchanged.
+        """
+        fresh = type(self).from_state_dict(state, device=self.device)
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
+
+    def to(self: IndexT, device: torch.device | str | int) -> IndexT:
+        """The index on ``device``: a new index built there from the state, or ``self`` if it is there already
+        (as ``Tensor.to``). Device structures (an OptiX BVH is bound to its device address) are rebuilt, not copied.
+        """
+        target = resolve_device(device)
+        if target == self.device:
+            return self
+        return type(self).from_state_dict(self.state_dict(), device=target)
+
+    def cpu(self: IndexT) -> IndexT:
+        """The index on the CPU (see :meth:`to`)."""
+        return self.to("cpu")
+
+    def cuda(self: IndexT, device: torch.device | str | int | None = None) -> IndexT:
+        """The index on a CUDA device, the current one by default (see :meth:`to`)."""
+        return self.to("cuda" if device is None else device if isinstance(device, (torch.device, str)) else int(device))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (torch.save(index), copy.deepcopy) goes through state_dict: structures are rebuilt, never copied.
+        return self.state_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(type(self).from_state_dict(state).__dict__)
