@@ -182,11 +182,15 @@ class CgRXIndex(IndexBase):
     def memory(self) -> dict[str, int]:
         """Bytes held on the index's device, per part (the caller's key tensor, only referenced, not counted)."""
         return {
-            "pairs": self._pairs.nbytes,
+            **self._storage_memory(),
             "representatives": self._reps.nbytes,
             "radix_table": self._table.nbytes,
             "bvh": self._scene.nbytes,
         }
+
+    def _storage_memory(self) -> dict[str, int]:
+        """Bytes of the key/rowID storage (the part an updatable index keeps as node chains)."""
+        return {"pairs": self._pairs.nbytes}
 
     def __repr__(self) -> str:
         mem = sum(self.memory().values())

@@ -243,16 +243,11 @@ class UpdatableCgRXIndex(CgRXIndex):
         return self.update(delete_keys=keys, delete_rows=rows)
 
     # ----------------------------------------------------------------------------------------- reporting
-    def memory(self) -> dict[str, int]:
+    def _storage_memory(self) -> dict[str, int]:
+        """Nodes in use, and node space reserved but unused (grows on updates; rebuild() compacts)."""
         words = 3 * self.node_size + 2
         capacity = self._pairs.numel() // words
-        return {
-            "nodes": self._used * words * 4,
-            "free_node_space": (capacity - self._used) * words * 4,
-            "representatives": self._reps.nbytes,
-            "radix_table": self._table.nbytes,
-            "bvh": self._scene.nbytes,
-        }
+        return {"nodes": self._used * words * 4, "free_node_space": (capacity - self._used) * words * 4}
 
     def __repr__(self) -> str:
         mem = sum(self.memory().values())

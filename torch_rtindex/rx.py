@@ -32,8 +32,9 @@ class RXIndex(IndexBase):
             stored in an int64 tensor. Range lookups follow this type's order.
         scene: the key-bit split over the scene axes (default: the paper's 3D mode, 23/23/18 bits).
         allow_update: build an updatable (uncompacted) BVH so that :meth:`refit` can move keys in place.
-        max_range_rays: a range lookup fires one ray per row of the scene it touches; a range spanning more
-            rows than this is answered by scanning the keys instead (same answer, cost O(n)).
+        max_range_rays: a range lookup fires one ray per segment of the scene it touches (a row, or a
+            quarter row: segments are at most 2^21 slots, see csrc/core/scene.h); a range needing more rays
+            than this is answered by scanning the keys instead (same answer, cost O(n)).
 
     The index keeps a reference to ``keys`` (no copy) for :meth:`state_dict`; modifying that tensor in place
     afterwards does not change the index (call :meth:`rebuild`), and :meth:`state_dict` then refuses to save it.
