@@ -10,25 +10,11 @@
 
 #include "../core/results_cpu.h"
 #include "cgrx_args.h"
+#include "cgrx_radix_build.h"
 #include "cgrx_scene.h"
 
 namespace rtindex::cgrx {
 namespace {
-
-void fill_radix_table(const uint64_t* reps, uint64_t m, int32_t* table) {
-  if (m == 0) {
-    table[0] = table[1] = 0;
-    return;
-  }
-  const int r = radix_log2_slots(m);
-  const int shift = radix_shift(reps[0], reps[m - 1], r);
-  table[0] = shift;
-  table[1] = r;
-  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
-  at::parallel_for(0, (int64_t(1) << r) + 1, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) entries[j] = radix_entry(reps, m, r, shift, static_cast<uint64_t>(j));
-  });
-}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
   check_ordered_keys(keys, "keys");
@@ -46,8 +32,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
   uint64_t* r = reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>());
   for (uint64_t b = 0; b < m; ++b) r[b] = k[order[std::min<uint64_t>((b + 1) * bucket_size, n) - 1]];
-  at::Tensor table = at::empty({radix_table_words(m)}, keys.options().dtype(at::kInt));
-  fill_radix_table(r, m, table.data_ptr<int32_t>());
+  at::Tensor table = build_radix_table_cpu(reps);
   return {pairs, reps, table};
 }
 

@@ -13,6 +13,7 @@
 #include "../optix/optix_runtime.h"
 #include "cgrx_args.h"
 #include "cgrx_launch.h"
+#include "cgrx_radix_build.h"
 
 namespace rtindex::cgrx {
 namespace {
@@ -31,19 +32,6 @@ __global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int6
     const int64_t last = (b + 1) * bucket_size < n ? (b + 1) * bucket_size : n;
     reps[b] = sorted[last - 1];
   }
-}
-
-// Every thread derives the slice width from the first and last representative itself: no host round trip.
-__global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int r, int32_t* table) {
-  const int shift = radix_shift(reps[0], reps[m - 1], r);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    table[0] = shift;
-    table[1] = r;
-  }
-  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
-  const uint64_t slots = (uint64_t(1) << r) + 1;
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
-    entries[j] = radix_entry(reps, m, r, shift, j);
 }
 
 __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, SceneConfig c, Vec3* v) {
@@ -70,17 +58,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
   }
   const uint64_t m = (n + bucket_size - 1) / bucket_size;
   at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
-  at::Tensor table = at::zeros({radix_table_words(m)}, keys.options().dtype(at::kInt));
   if (m > 0) {
     reps_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()),
                                                               n, bucket_size, reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>()), m);
     RTX_CHECK_LAUNCH();
-    const int r = radix_log2_slots(m);
-    radix_table_kernel<<<grid_for((int64_t(1) << r) + 1), kBlock, 0, current_stream()>>>(
-        reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, r, table.data_ptr<int32_t>());
-    RTX_CHECK_LAUNCH();
   }
-  return {pairs, reps, table};
+  return {pairs, reps, build_radix_table_cuda(reps, current_stream())};
 }
 
 // The sorted keys the optimized representation reads (the key after each representative), checked against

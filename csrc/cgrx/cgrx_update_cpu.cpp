@@ -2,27 +2,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cgrx_radix_build.h"
 #include "cgrx_update_args.h"
 
 namespace rtindex::cgrx {
 namespace {
-
-at::Tensor radix_table_cpu(const at::Tensor& reps) {
-  const uint64_t m = static_cast<uint64_t>(reps.numel());
-  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
-  if (m == 0) return table;
-  const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
-  int32_t* t = table.data_ptr<int32_t>();
-  const int bits = radix_log2_slots(m);
-  const int shift = radix_shift(r[0], r[m - 1], bits);
-  t[0] = shift;
-  t[1] = bits;
-  uint32_t* entries = reinterpret_cast<uint32_t*>(t + kRadixHeaderWords);
-  at::parallel_for(0, (int64_t(1) << bits) + 1, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) entries[j] = radix_entry(r, m, bits, shift, static_cast<uint64_t>(j));
-  });
-  return table;
-}
 
 // `used` is a SymInt in the schema (data dependent: an unbacked size for the fake kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cpu(const at::Tensor& keys, const at::Tensor& rows,
@@ -41,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cpu(const
                                    load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(fp[b]));
                                });
                              });
-  return {loaded.nodes, loaded.reps, radix_table_cpu(loaded.reps), c10::SymInt(loaded.used)};
+  return {loaded.nodes, loaded.reps, build_radix_table_cpu(loaded.reps), c10::SymInt(loaded.used)};
 }
 
 at::Tensor find_buckets_cpu(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {

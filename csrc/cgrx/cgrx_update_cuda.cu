@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "../core/cuda_utils.h"
+#include "cgrx_radix_build.h"
 #include "cgrx_update_args.h"
 
 namespace rtindex::cgrx {
@@ -14,18 +15,6 @@ __global__ void load_kernel(Nodes ns, int64_t m, const uint64_t* keys, const int
                             const int64_t* counts, const int64_t* first_extra) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
     load_bucket(ns, b, keys, rows, starts[b], counts[b], static_cast<uint32_t>(first_extra[b]));
-}
-
-__global__ void radix_kernel(const uint64_t* reps, uint64_t m, int bits, int32_t* table) {
-  const int shift = radix_shift(reps[0], reps[m - 1], bits);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    table[0] = shift;
-    table[1] = bits;
-  }
-  uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
-  const uint64_t slots = (uint64_t(1) << bits) + 1;
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
-    entries[j] = radix_entry(reps, m, bits, shift, j);
 }
 
 __global__ void find_buckets_kernel(const uint64_t* reps, uint64_t m, const int32_t* table, const uint64_t* keys,
@@ -57,17 +46,6 @@ __global__ void export_kernel(Nodes ns, int64_t m, const int64_t* offsets, uint6
     export_chain(ns, b, keys + offsets[b], rows + offsets[b]);
 }
 
-at::Tensor radix_table_cuda(const at::Tensor& reps) {
-  const uint64_t m = static_cast<uint64_t>(reps.numel());
-  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
-  if (m == 0) return table;
-  const int bits = radix_log2_slots(m);
-  radix_kernel<<<grid_for((int64_t(1) << bits) + 1), kBlock, 0, current_stream()>>>(
-      reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, bits, table.data_ptr<int32_t>());
-  RTX_CHECK_LAUNCH();
-  return table;
-}
-
 // `used` is a SymInt in the schema (data dependent: an unbacked size for the fake kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cuda(const at::Tensor& keys, const at::Tensor& rows,
                                                                             int64_t node_size, double growth) {
@@ -81,7 +59,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cuda(cons
                                    starts.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), first_extra.data_ptr<int64_t>());
                                RTX_CHECK_LAUNCH();
                              });
-  return {loaded.nodes, loaded.reps, radix_table_cuda(loaded.reps), c10::SymInt(loaded.used)};
+  return {loaded.nodes, loaded.reps, build_radix_table_cuda(loaded.reps, current_stream()), c10::SymInt(loaded.used)};
 }
 
 at::Tensor find_buckets_cuda(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {
