@@ -38,11 +38,13 @@ def table_and_queries(gen: torch.Generator, n: int = 2000):
     return ids, raw
 
 
+@pytest.mark.parametrize("index", ["cgrx", "rx"])
 @pytest.mark.parametrize("miss,default_row,miss_value", [("default", 0, 0), ("default", 2001, 2001),
                                                          ("minus_one", 0, -1)])
-def test_maps_ids_of_any_shape(device, gen, miss, default_row, miss_value):
+def test_maps_ids_of_any_shape(device, gen, miss, default_row, miss_value, index):
     ids, raw = table_and_queries(gen)
-    m = IdToRow(ids.to(device), miss=miss, default_row=default_row)
+    m = IdToRow(ids.to(device), miss=miss, default_row=default_row, index=index)
+    assert f"index={index}" in repr(m)
     for q in (raw, raw[0], raw.reshape(4, 6, 10), raw.t(), raw[3, 4], raw[:0]):  # 2-D, 1-D, 3-D, strided, 0-D, empty
         got = m(q.to(device))
         assert got.shape == q.shape and got.dtype == torch.int64 and got.device.type == device.type
