@@ -20,17 +20,20 @@ class MultisetReference:
 
     def delete(self, keys, rows):
         found, removed = 0, 0
+        present_keys = {k for k, _ in self.pairs}  # by key: an entry finds its key if present when deleting starts
         for k, r in zip(keys, rows if rows is not None else [None] * len(keys)):
             if r is None:
                 hits = [p for p in self.pairs if p[0] == k]
                 n = sum(self.pairs[p] for p in hits)
                 for p in hits:
                     del self.pairs[p]
-            else:
-                n = 1 if self.pairs[(k, r)] > 0 else 0
-                self.pairs[(k, r)] -= n
-                if self.pairs[(k, r)] <= 0:
-                    del self.pairs[(k, r)]
+                found += k in present_keys
+                removed += n
+                continue
+            n = 1 if self.pairs[(k, r)] > 0 else 0
+            self.pairs[(k, r)] -= n
+            if self.pairs[(k, r)] <= 0:
+                del self.pairs[(k, r)]
             found += n > 0
             removed += n
         return removed, len(keys) - found
@@ -79,12 +82,14 @@ def test_random_update_sequences(device, node_size):
         if kind < 0.15:  # delete by key (every pair of each key)
             dk = [rng.choice(present)[0] if present and rng.random() < 0.7 else rng.choice(pool) for _ in range(rng.randint(0, 5))]
             dr = None
-        else:  # delete (key, row) pairs: present ones, absent ones, and repeats
+        else:  # delete (key, row) pairs: present ones, absent ones, repeats, and pairs this batch inserts
             chosen = [rng.choice(present) for _ in range(rng.randint(0, 30))] if present else []
             chosen += [(rng.choice(pool), rng.randint(0, 10**6)) for _ in range(rng.randint(0, 3))]
+            chosen += [(ins[j], next_row + j) for j in range(n_ins) if rng.random() < 0.3]  # cancel out
             dk, dr = [c[0] for c in chosen], [c[1] for c in chosen]
-        exp_removed, exp_absent = ref.delete(dk, dr)
+        # A batch inserts first and deletes second: (index + insertions) - deletions.
         ref.insert(ins, list(range(next_row, next_row + n_ins)))
+        exp_removed, exp_absent = ref.delete(dk, dr)
         res = index.update(
             insert_keys=torch.tensor(ins, dtype=torch.int64, device=device),
             delete_keys=torch.tensor(dk, dtype=torch.int64, device=device),
@@ -127,3 +132,18 @@ def test_growth_empty_start_and_aggregates(device):
     expected = [float(sum(r for (kk, r), c in ref.pairs.items() if kk == k for _ in range(c))) for k in q.tolist()]
     np.testing.assert_allclose(agg.sum.cpu().numpy(), expected)
     assert index.memory()["nodes"] > 0 and "UpdatableCgRXIndex" in repr(index)
+
+
+def test_insert_and_delete_of_one_pair_cancel(device):
+    index = UpdatableCgRXIndex(torch.tensor([5, 7], device=device), node_size=4)
+    before = index.memory()["nodes"]
+    res = index.update(insert_keys=torch.tensor([9, 5], device=device), insert_rows=torch.tensor([10, 11], device=device),
+                       delete_keys=torch.tensor([9, 5], device=device), delete_rows=torch.tensor([10, 0], device=device))
+    # (9, 10) is inserted and deleted by the same batch: it cancels; (5, 0) is deleted; (5, 11) stays.
+    assert (res.inserted, res.deleted, res.absent) == (2, 2, 0)
+    assert index.lookup_all(torch.tensor([5, 9], device=device)).rows.cpu().tolist() == [11]
+    assert index.memory()["nodes"] == before and len(index) == 2
+    # Deleting a key by key also removes the pairs the same batch inserts with that key.
+    res = index.update(insert_keys=torch.tensor([7, 8], device=device), delete_keys=torch.tensor([7, 100], device=device))
+    assert (res.inserted, res.deleted, res.absent) == (2, 2, 1)
+    assert index.lookup(torch.tensor([7, 8], device=device)).count.cpu().tolist() == [0, 1]

@@ -156,8 +156,8 @@ class UpdatableCgRXIndex(CgRXIndex):
         return index
 
     # ---------------------------------------------------------------------------------------------- updates
-    def _batch(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str):
-        """Maps, validates and sorts one side of a batch by (key, row ID); rows None stays None."""
+    def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str):
+        """Maps, validates and sorts one side of a batch by (key, row ID); rows stay None when not given."""
         ops = _ops()
         if keys is None:
             keys = torch.empty(0, dtype=self.key_dtype, device=self.device)
@@ -177,11 +177,40 @@ class UpdatableCgRXIndex(CgRXIndex):
         by_row = torch.sort(order_rows, stable=True).indices
         ordered, order_rows = ordered[by_row], order_rows[by_row]
         by_key = torch.sort(ordered ^ (-(2**63)), stable=True).indices
-        ordered, order_rows = ordered[by_key].contiguous(), order_rows[by_key]
-        buckets = ops.cgrx_find_buckets(self._reps, self._table, ordered)
-        offsets = torch.searchsorted(buckets, torch.arange(self.num_buckets + 1, device=self.device))
-        out_rows = order_rows.to(torch.int32).contiguous() if rows is not None else None
-        return ordered, out_rows, offsets
+        return ordered[by_key].contiguous(), (order_rows[by_key] if rows is not None else None)
+
+    def _bucket_offsets(self, ordered: torch.Tensor) -> torch.Tensor:
+        """Where each bucket's slice of a sorted batch starts (batches sorted by key are sorted by bucket)."""
+        buckets = _ops().cgrx_find_buckets(self._reps, self._table, ordered)
+        return torch.searchsorted(buckets, torch.arange(self.num_buckets + 1, device=self.device))
+
+    @staticmethod
+    def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
+        """For each element, how many earlier elements share its group id."""
+        order = torch.argsort(groups, stable=True)
+        sorted_groups = groups[order]
+        ranks = torch.empty_like(groups)
+        ranks[order] = torch.arange(groups.numel(), device=groups.device) - torch.searchsorted(sorted_groups, sorted_groups)
+        return ranks
+
+    def _cancel_pairs(self, ik, ir, dk, dr):
+        """The paper's cancellation: a (key, row ID) pair both inserted and deleted by one batch does neither.
+        Returns which insertions and deletions remain (multiset matching: k copies cancel k copies)."""
+        if ik.numel() == 0 or dk.numel() == 0:
+            return torch.ones_like(ik, dtype=torch.bool), torch.ones_like(dk, dtype=torch.bool)
+        pairs = torch.stack([torch.cat([ik, dk]), torch.cat([ir, dr])], dim=1)
+        groups = torch.unique(pairs, dim=0, return_inverse=True)[1]
+        gi, gd = groups[: ik.numel()], groups[ik.numel() :]
+        matched = torch.minimum(torch.bincount(gi, minlength=groups.numel()), torch.bincount(gd, minlength=groups.numel()))
+        return self._ranks_within(gi) >= matched[gi], self._ranks_within(gd) >= matched[gd]
+
+    def _present(self, ordered: torch.Tensor) -> torch.Tensor:
+        """Whether each ordered key is in the index now (one radix-table lookup; any backend gives the same)."""
+        count = _ops().cgrx_lookup(
+            self._pairs, self._reps, self._table, self._scene, ordered, None, self.node_size, NODES_LAYOUT, False,
+            self.scene.as_list(), 0,
+        )[1]
+        return count > 0
 
     def update(
         self,
@@ -190,12 +219,16 @@ class UpdatableCgRXIndex(CgRXIndex):
         delete_keys: torch.Tensor | None = None,
         delete_rows: torch.Tensor | None = None,
     ) -> UpdateResult:
-        """One batch: deletions, then insertions, as multisets of (key, row ID) pairs.
+        """One batch of insertions and deletions of (key, row ID) pairs, with the result of inserting first and
+        deleting second: the index becomes (index + insertions) - deletions, as multisets.
 
-        A deletion with a row ID removes that pair; without row IDs it removes every pair with the key.
-        Deleting something absent is a no-op, counted in ``absent``. Insertions without row IDs get the next
-        free row IDs (returned as ``rows``). All-or-nothing: if the batch cannot be applied (bad input, out of
-        memory) the index is exactly as it was and the error says why.
+        A deletion with a row ID removes one such pair; without row IDs it removes every pair with the key.
+        As in the paper, pairs both inserted and deleted by the batch cancel out before anything is applied;
+        the rest is applied deletions first, then insertions, one thread per bucket. Deleting something absent
+        is a no-op, counted in ``absent`` (for deletions by key: keys in neither the index nor the insertions).
+        Insertions without row IDs get the next free row IDs (returned as ``rows``). ``deleted`` counts the
+        pairs removed, cancelled insertions included. All-or-nothing: if the batch cannot be applied (bad input,
+        out of memory) the index is exactly as it was and the error says why.
         """
         ops = _ops()
         n_ins = 0 if insert_keys is None else int(insert_keys.numel())
@@ -203,10 +236,22 @@ class UpdatableCgRXIndex(CgRXIndex):
             if self._next_row + n_ins > MAX_KEYS:
                 raise ValueError("row IDs would exceed 2^32 - 1; pass insert_rows or rebuild")
             insert_rows = torch.arange(self._next_row, self._next_row + n_ins, device=self.device)
-        ik, ir, ioff = self._batch(insert_keys, insert_rows, "insert")
-        dk, dr, doff = self._batch(delete_keys, delete_rows, "delete")
+        ik, ir = self._sorted_side(insert_keys, insert_rows, "insert")
+        dk, dr = self._sorted_side(delete_keys, delete_rows, "delete")
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
+        if dr is not None:
+            keep_ins, keep_del = self._cancel_pairs(ik, ir, dk, dr)
+            found_by_key = None
+        else:
+            keep_ins = ~torch.isin(ik, dk)
+            keep_del = torch.ones_like(dk, dtype=torch.bool)
+            found_by_key = self._present(dk) | torch.isin(dk, ik)
+        cancelled = ik.numel() - keep_ins.sum()
+        ik, ir = ik[keep_ins].contiguous(), ir[keep_ins].to(torch.int32).contiguous()
+        dk = dk[keep_del].contiguous()
+        dr = dr[keep_del].to(torch.int32).contiguous() if dr is not None else None
+        ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)
         plan = ops.cgrx_nodes_plan(self._pairs, self.node_size, dk, dr, doff, ik, ir, ioff)
         N = self.node_size
         chain, total = plan[:, 1], plan[:, 3]
@@ -215,8 +260,10 @@ class UpdatableCgRXIndex(CgRXIndex):
         first_new = torch.cumsum(extra, 0) - extra + self._used
         list_len = torch.maximum(chain, needed)
         list_offsets = torch.cumsum(list_len, 0) - list_len
-        sums = torch.stack([extra.sum(), list_len.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()])
-        total_extra, list_total, removed, found = sums.tolist()  # the update's one host sync
+        absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - plan[:, 4].sum()
+        removed = (plan[:, 0] - plan[:, 2]).sum() + cancelled
+        sums = torch.stack([extra.sum(), list_len.sum(), removed, torch.as_tensor(absent, device=plan.device)])
+        total_extra, list_total, removed, absent = sums.tolist()  # the update's one host sync
         words = 3 * N + 2
         nodes = self._pairs
         capacity = nodes.numel() // words
@@ -232,7 +279,7 @@ class UpdatableCgRXIndex(CgRXIndex):
         self._n += n_ins - removed
         if insert_rows.numel():
             self._next_row = max(self._next_row, int(insert_rows.max()) + 1)
-        return UpdateResult(inserted=n_ins, deleted=removed, absent=dk.numel() - found, rows=insert_rows)
+        return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=insert_rows)
 
     def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
         """Inserts keys (row IDs given, or the next free ones)."""
