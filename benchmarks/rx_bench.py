@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -24,18 +25,25 @@ import torch_rtindex  # noqa: E402
 from torch_rtindex import RXIndex  # noqa: E402
 
 
-def timed(fn, repeats=5, warmup=1):
-    """Median milliseconds of `repeats` runs after `warmup`, timed with CUDA events on the current stream."""
+def timed(fn, repeats=5, warmup=1, device="cuda"):
+    """Median milliseconds of `repeats` runs after `warmup`: timed with CUDA events on the current stream on a
+    CUDA device, with time.perf_counter around each run on the CPU (whose operators return with the work done)."""
     for _ in range(warmup):
         fn()
     times = []
+    cuda = torch.device(device).type == "cuda"
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times), out
 
 
@@ -47,6 +55,46 @@ def make_keys(dist: str, n: int, gen: torch.Generator, device) -> torch.Tensor:
     if dist == "dense":
         return torch.randperm(n, generator=gen, device=device).to(torch.int64)
     raise ValueError(dist)
+
+
+class SortedArray(NamedTuple):
+    """The sorted-array baseline (and the benchmarks' reference answers): the keys sorted, and their row IDs in
+    that order, equal keys in ascending row order (a stable sort), so a run's first row is its smallest."""
+
+    keys: torch.Tensor
+    rows: torch.Tensor
+    unique: bool
+
+
+def sorted_array(keys: torch.Tensor) -> SortedArray:
+    sk, rows = torch.sort(keys, stable=True)
+    return SortedArray(sk, rows, sk.numel() < 2 or not bool((sk[1:] == sk[:-1]).any()))
+
+
+def sa_lookup(sa: SortedArray, queries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Point lookups on a sorted array: (smallest matching row ID or -1, match count) per query, as Lookup."""
+    pos = torch.searchsorted(sa.keys, queries)
+    at = pos.clamp(max=sa.keys.numel() - 1)
+    hit = sa.keys[at] == queries
+    first = torch.where(hit, sa.rows[at], -1)
+    count = hit.to(torch.int64) if sa.unique else torch.searchsorted(sa.keys, queries, right=True) - pos
+    return first, count
+
+
+def sa_range(sa: SortedArray, lo: torch.Tensor, hi: torch.Tensor, chunk: int = 1 << 26):
+    """Range lookups [lo, hi] on a sorted array: (smallest matching row ID or -1, match count) per range, as
+    range_lookup; the smallest row ID is a minimum over the range's rows (gathered `chunk` at a time)."""
+    a = torch.searchsorted(sa.keys, lo)
+    count = (torch.searchsorted(sa.keys, hi, right=True) - a).clamp(min=0)
+    first = torch.full_like(a, -1)
+    width = int(count.max()) if count.numel() else 0
+    step = max(1, chunk // max(width, 1))
+    for i in range(0, a.numel() if width else 0, step):
+        idx = a[i : i + step, None] + torch.arange(width, device=a.device)
+        inside = idx < (a[i : i + step] + count[i : i + step])[:, None]
+        rows = torch.where(inside, sa.rows[idx.clamp(max=sa.keys.numel() - 1)], torch.iinfo(torch.int64).max)
+        first[i : i + step] = torch.where(count[i : i + step] > 0, rows.min(dim=1).values, -1)
+    return first, count
 
 
 def git_commit() -> str:

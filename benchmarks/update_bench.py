@@ -3,7 +3,7 @@
 Start from 2^(k-1) uniform 64-bit keys, apply 8 insert waves that add another 2^(k-1) keys in total, then 8
 delete waves that remove them again. Each wave is timed against rebuilding the index from scratch at the size
 it reaches, and lookups after the waves are timed against a freshly built index of the same contents. Every
-answer is checked against a sorted array first.
+answer is checked against a sorted array first (``run_waves``, which benchmarks/suite.py runs too).
 
     python benchmarks/update_bench.py --log-keys 26 --log-lookups 27
 """
@@ -16,20 +16,62 @@ from pathlib import Path
 
 import torch
 
-from rx_bench import git_commit, timed  # noqa: E402  (same folder)
+from rx_bench import git_commit, sa_lookup, sorted_array, timed  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import UpdatableCgRXIndex  # noqa: E402
 
 
-def wall_ms(fn):
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    out = fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end), out
+def wall_ms(fn, device="cuda"):
+    """One run from an idle device: (milliseconds, result)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+    return timed(fn, repeats=1, warmup=0, device=device)
+
+
+def check_against_sorted_array(got, keys: torch.Tensor, queries: torch.Tensor, what: str) -> None:
+    """Asserts that a Lookup equals the sorted array's answer when key i has row ID i."""
+    first, count = sa_lookup(sorted_array(keys), queries)
+    assert torch.equal(got.count, count) and torch.equal(got.first_row, first), f"{what}: lookups disagree with the sorted array"
+
+
+def run_waves(log_keys: int, log_lookups: int, waves: int, node_size: int, device="cuda", seed: int = 7) -> dict:
+    """The experiment: returns the waves' rows (name, keys, update ms, rebuild ms), the lookup times after the
+    insert waves and on a fresh index, and the memory after all waves. Raises AssertionError on a wrong answer."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    n = 1 << log_keys
+    base = torch.randint(-(2**63), 2**63 - 1, (n // 2,), generator=gen, device=dev)
+    extra = torch.randint(-(2**63), 2**63 - 1, (n // 2,), generator=gen, device=dev)
+    chunks = extra.chunk(waves)
+    index = UpdatableCgRXIndex(base, node_size=node_size)
+    rows = []
+    current = base
+    for i, w in enumerate(chunks):
+        ms, res = wall_ms(lambda: index.insert(w), dev)
+        current = torch.cat([current, w])
+        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(current, node_size=node_size), dev)
+        rows.append((f"insert wave {i + 1}", w.numel(), ms, rebuild_ms))
+    q = current[torch.randint(0, current.numel(), (1 << log_lookups,), generator=gen, device=dev)]
+    after_ms, after = timed(lambda: index.lookup(q), device=dev)
+    check_against_sorted_array(after, current, q, "after the insert waves")  # inserts take the next row IDs
+    fresh = UpdatableCgRXIndex(current, node_size=node_size)
+    fresh_ms, fresh_res = timed(lambda: fresh.lookup(q), device=dev)
+    assert torch.equal(after.count, fresh_res.count) and bool((after.count == 1).all()), "lookups after inserts wrong"
+    del fresh
+    for i, w in enumerate(chunks):
+        ms, res = wall_ms(lambda: index.delete(w), dev)
+        assert res.deleted == w.numel() and res.absent == 0
+        remaining = torch.cat([base, *chunks[i + 1 :]])
+        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(remaining, node_size=node_size), dev)
+        rows.append((f"delete wave {i + 1}", w.numel(), ms, rebuild_ms))
+    gone = index.lookup(extra[: 1 << 20])
+    assert int(gone.count.sum()) == 0, "deleted keys still found"
+    still = index.lookup(base[: 1 << 20])
+    assert bool((still.count == 1).all()), "kept keys lost"
+    check_against_sorted_array(index.lookup(q), base, q, "after the delete waves")
+    return {"rows": rows, "lookup_after_ms": after_ms, "lookup_fresh_ms": fresh_ms, "memory": index.memory(),
+            "wave_keys": chunks[0].numel()}
 
 
 def main() -> None:
@@ -39,40 +81,11 @@ def main() -> None:
     ap.add_argument("--waves", type=int, default=8)
     ap.add_argument("--node-size", type=int, default=32)
     args = ap.parse_args()
-    dev = torch.device("cuda")
-    gen = torch.Generator(device=dev).manual_seed(7)
-    n = 1 << args.log_keys
-    base = torch.randint(-(2**63), 2**63 - 1, (n // 2,), generator=gen, device=dev)
-    extra = torch.randint(-(2**63), 2**63 - 1, (n // 2,), generator=gen, device=dev)
-    waves = extra.chunk(args.waves)
-    index = UpdatableCgRXIndex(base, node_size=args.node_size)
-    rows = []
-    current = base
-    for i, w in enumerate(waves):
-        ms, res = wall_ms(lambda: index.insert(w))
-        current = torch.cat([current, w])
-        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(current, node_size=args.node_size))
-        rows.append((f"insert wave {i + 1}", w.numel(), ms, rebuild_ms))
-    q = current[torch.randint(0, current.numel(), (1 << args.log_lookups,), generator=gen, device=dev)]
-    after_ms, after = timed(lambda: index.lookup(q))
-    fresh = UpdatableCgRXIndex(current, node_size=args.node_size)
-    fresh_ms, fresh_res = timed(lambda: fresh.lookup(q))
-    assert torch.equal(after.count, fresh_res.count) and bool((after.count == 1).all()), "lookups after inserts wrong"
-    del fresh
-    for i, w in enumerate(waves):
-        ms, res = wall_ms(lambda: index.delete(w))
-        assert res.deleted == w.numel() and res.absent == 0
-        remaining = torch.cat([base, *waves[i + 1 :]])
-        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(remaining, node_size=args.node_size))
-        rows.append((f"delete wave {i + 1}", w.numel(), ms, rebuild_ms))
-    gone = index.lookup(extra[: 1 << 20])
-    assert int(gone.count.sum()) == 0, "deleted keys still found"
-    still = index.lookup(base[: 1 << 20])
-    assert bool((still.count == 1).all()), "kept keys lost"
-    mem = index.memory()
+    res = run_waves(args.log_keys, args.log_lookups, args.waves, args.node_size)
+    rows, after_ms, fresh_ms, mem = res["rows"], res["lookup_after_ms"], res["lookup_fresh_ms"], res["memory"]
     info = torch_rtindex.optix_info()
     print(f"\n{torch.cuda.get_device_name()}  commit {git_commit()}  RT cores: {info['has_rt_cores']}  "
-          f"start 2^{args.log_keys - 1} keys, {args.waves} waves of {waves[0].numel()} keys, node size {args.node_size}")
+          f"start 2^{args.log_keys - 1} keys, {args.waves} waves of {res['wave_keys']} keys, node size {args.node_size}")
     print(f"{'wave':18s} {'keys':>9s} {'update ms':>10s} {'rebuild ms':>11s} {'speed-up':>9s}")
     for name, k, ms, rb in rows:
         print(f"{name:18s} {k:9d} {ms:10.2f} {rb:11.2f} {rb / ms:8.1f}x")

@@ -1,0 +1,71 @@
+"""benchmarks/suite.py --tiny on the CPU, as a subprocess: every method and dimension is reported, every answer
+check passed, and the plots are written (the GPU-only methods are reported as skipped, with the reason)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "benchmarks" / "suite.py"
+METHODS = {"RX", "SA", "hash_table"} | {f"cgRX-{b}-B{n}" for b in ("radix", "optix") for n in (4, 16, 64, 256)}
+DIMENSIONS = {"keys", "lookups", "hit_rate", "zipf", "multiplicity", "range_selectivity", "key_bits", "uniformity",
+              "sorted", "updates"}
+PLOTS = {f"lookup_ms_vs_{d}.png" for d in ("keys", "lookups", "hit_rate", "zipf", "multiplicity", "range_selectivity")}
+PLOTS |= {"throughput_per_byte_vs_keys.png"}
+
+
+def test_tiny_suite_on_cpu(tmp_path):
+    pytest.importorskip("matplotlib")  # in the test extras; the suite itself writes its JSON without it
+    out = tmp_path / "suite"
+    proc = subprocess.run(
+        [sys.executable, str(SUITE), "--tiny", "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "RTINDEX_COMMIT": "testcommit"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((out / "results.json").read_text())
+
+    assert result["mode"] == "tiny" and result["device_type"] == "cpu" and result["commit"] == "testcommit"
+    assert result["optix"] is None and result["optix_abi"] is None and result["rt_cores"] is None
+    assert result["driver"] and result["torch"] and result["device"]
+    assert result["timing"]["clock"] == "time.perf_counter"
+
+    # Every method is there; what cannot run on the CPU says why.
+    assert set(result["methods"]) == METHODS
+    skipped = {name for name, m in result["methods"].items() if m["skipped"]}
+    assert skipped == {"hash_table"} | {f"cgRX-optix-B{n}" for n in (4, 16, 64, 256)}
+    assert any("hash_table" in n and "CUDA only" in n for n in result["notes"])
+    ran = METHODS - skipped
+
+    # Every dimension has runs of every method that ran, each checked against the sorted array.
+    assert set(result["grid"]) == DIMENSIONS
+    runs = result["runs"]
+    for dim in DIMENSIONS - {"updates"}:
+        for name in ran:
+            mine = [r for r in runs if r["dimension"] == dim and r["method"] == name]
+            assert mine, (dim, name)
+            for r in mine:
+                assert r["check"] == "passed" and not r["skipped"], r
+                assert r["lookup_ms"] > 0 and r["throughput"] > 0 and r["throughput_per_byte"] > 0
+                assert r["memory_bytes"] > 0 and r["build_ms"] > 0 and r["build_peak_bytes"] is None
+                assert r["repeats"] >= 1 and r["keys"] == 2 ** r["log_keys"] and r["lookups"] == 2 ** r["log_lookups"]
+    assert all(r["check"] in ("passed", "skipped") for r in runs)
+    assert result["checks"]["failed"] == 0 and result["checks"]["passed"] > 0
+    (hit,) = {(r["inside_misses"], r["outside_misses"]) for r in runs if r["dimension"] == "hit_rate"}
+    assert min(hit) > 0  # misses both inside and outside the key range
+    assert {r["key_dtype"] for r in runs if r["dimension"] == "key_bits"} == {"int32"}
+    assert all(r["check"] == "skipped" and r["skipped"] for r in runs if r["method"] in skipped)
+
+    (updates,) = result["updates"]
+    assert updates["check"] == "passed" and updates["rows"] and updates["lookup_after_ms"] > 0
+
+    assert PLOTS <= set(result["plots"])
+    for name in result["plots"]:
+        assert (out / name).stat().st_size > 1000, name
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "check" in proc.stdout and "RX" in proc.stdout and (out / "table.txt").exists()
