@@ -10,13 +10,11 @@ benchmarks/results/<device>/.
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import torch
 
-from rx_bench import git_commit, make_keys, timed  # noqa: E402  (same folder)
+from rx_bench import git_commit, make_keys, timed, write_json  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import CgRXIndex  # noqa: E402
@@ -119,11 +117,7 @@ def main() -> None:
     print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}")
     for name, b, bms, gb, ms, rms in rows:
         print(f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x")
-    out = Path(__file__).parent / "results" / result["device"].replace(" ", "_")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
 
 
 if __name__ == "__main__":

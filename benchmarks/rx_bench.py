@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import statistics
 import subprocess
@@ -95,6 +96,21 @@ def sa_range(sa: SortedArray, lo: torch.Tensor, hi: torch.Tensor, chunk: int = 1
         rows = torch.where(inside, sa.rows[idx.clamp(max=sa.keys.numel() - 1)], torch.iinfo(torch.int64).max)
         first[i : i + step] = torch.where(count[i : i + step] > 0, rows.min(dim=1).values, -1)
     return first, count
+
+
+def results_dir(device_name: str) -> Path:
+    """benchmarks/results/<device>: one folder per GPU, so timings are only ever compared on the same one."""
+    return Path(__file__).parent / "results" / re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name).strip("_")
+
+
+def write_json(result: dict, name: str, out: str | None = None) -> Path:
+    """Writes one benchmark's result as <out or results_dir(device)>/<name>.json and says where."""
+    folder = Path(out) if out else results_dir(result["device"])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    return path
 
 
 def git_commit() -> str:
@@ -209,11 +225,7 @@ def main() -> None:
     for name, b, s, ms, tput in rows:
         print(f"{name:44s} {b:9.1f} {s:8.3f} {ms:10.2f} {tput:8.0f}")
     print(f"RX / SA point lookup time: {rx_ms / sa_ms:.2f}x;  RX build peak {peak:.2f} GB")
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / result["device"].replace(" ", "_")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"rx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    write_json(result, f"rx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}", args.out)
 
 
 if __name__ == "__main__":

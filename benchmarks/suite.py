@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import re
 import shutil
 import statistics
 import subprocess
@@ -42,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from rx_bench import git_commit, make_keys, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
+from rx_bench import git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
 from cgrx_bench import build_timed  # noqa: E402
 import update_bench  # noqa: E402
 
@@ -612,8 +611,7 @@ def main() -> int:
     result["checks"] = {"passed": len(passed), "failed": len(failed),
                         "skipped": sum(r["check"] == "skipped" for r in result["runs"])}
 
-    folder = re.sub(r"[^A-Za-z0-9_.-]+", "_", result["device"]).strip("_")
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / folder / f"suite_{args.mode}_{result['commit']}"
+    out = Path(args.out) if args.out else results_dir(result["device"]) / f"suite_{args.mode}_{result['commit']}"
     out.mkdir(parents=True, exist_ok=True)
     try:
         result["plots"] = write_plots(result, out)

@@ -11,12 +11,10 @@ answer is checked against a sorted array first (``run_waves``, which benchmarks/
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 import torch
 
-from rx_bench import git_commit, sa_lookup, sorted_array, timed  # noqa: E402  (same folder)
+from rx_bench import git_commit, sa_lookup, sorted_array, timed, write_json  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import UpdatableCgRXIndex  # noqa: E402
@@ -91,13 +89,9 @@ def main() -> None:
         print(f"{name:18s} {k:9d} {ms:10.2f} {rb:11.2f} {rb / ms:8.1f}x")
     print(f"lookups (2^{args.log_lookups}) after the insert waves {after_ms:.2f} ms vs freshly built {fresh_ms:.2f} ms "
           f"({after_ms / fresh_ms:.2f}x); memory after all waves {mem}")
-    out = Path(__file__).parent / "results" / torch.cuda.get_device_name().replace(" ", "_")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"updates_k{args.log_keys}_{git_commit()}.json"
-    path.write_text(json.dumps({"rows": rows, "lookup_after_ms": after_ms, "lookup_fresh_ms": fresh_ms, "memory": mem,
-                                "params": vars(args), "device": torch.cuda.get_device_name(), "commit": git_commit()},
-                               indent=2))
-    print(f"wrote {path}")
+    write_json({"rows": rows, "lookup_after_ms": after_ms, "lookup_fresh_ms": fresh_ms, "memory": mem,
+                "params": vars(args), "device": torch.cuda.get_device_name(), "commit": git_commit()},
+               f"updates_k{args.log_keys}_{git_commit()}")
 
 
 if __name__ == "__main__":
