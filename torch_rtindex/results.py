@@ -55,7 +55,9 @@ class CappedMatches(NamedTuple):
     def query_ids(self) -> torch.Tensor:
         """[capacity]: the query each entry of ``rows`` belongs to, -1 past the stored matches (fixed size)."""
         pos = torch.arange(self.rows.shape[0], device=self.rows.device)
-        owner = torch.searchsorted(self.offsets[1:], pos, right=True)
+        # Over the whole offsets (offsets[0] == 0 <= pos, hence the - 1), not the view offsets[1:]: Inductor's CUDA
+        # searchsorted ignored that view's storage offset (torch 2.11, H100: every owner one too high).
+        owner = torch.searchsorted(self.offsets, pos, right=True) - 1
         return torch.where(pos < self.total, owner, -1)
 
     def to_matches(self) -> Matches:
