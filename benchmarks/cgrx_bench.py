@@ -73,7 +73,7 @@ def main() -> None:
     dsk = torch.sort(dense).values
     sar_ms, sar = timed(lambda: torch.searchsorted(dsk, hi, right=True) - torch.searchsorted(dsk, lo))
     assert torch.equal(sar, expected)
-    rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms))
+    rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms, float("nan"), float("nan")))
     result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms, "range4_ms": sar_ms}
     if args.hash_table:
         from baselines.hash_table import HashTable
@@ -82,7 +82,8 @@ def main() -> None:
         ht, ht_build_ms, _ = build_timed(lambda: HashTable(keys))
         ht_ms, ht_rows = timed(lambda: ht.lookup(queries))
         assert torch.equal(ht_rows, sa_rows), "hash table disagrees with the sorted array"
-        rows.append(("hash table (own baseline, no ranges)", "-", ht_build_ms, ht.nbytes() / 1e9, ht_ms, float("nan")))
+        rows.append(("hash table (own baseline, no ranges)", "-", ht_build_ms, ht.nbytes() / 1e9, ht_ms, float("nan"),
+                     float("nan"), float("nan")))
         result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
         del ht
 
@@ -96,27 +97,34 @@ def main() -> None:
 
         index, build_ms, peak = build_timed(lambda: make(keys))
         mem = index.memory()
-        ms, res = timed(lambda: index.lookup(queries))
-        wrong = int((res.first_row != sa_rows).sum())
-        assert wrong == 0, f"cgRX {backend} B={b}: {wrong} wrong answers"
         dindex = make(dense)
-        rms, rres = timed(lambda: dindex.range_lookup(lo, hi))
-        assert torch.equal(rres.count, expected), f"cgRX {backend} B={b}: range counts wrong"
+        point, ranges = {}, {}
+        for sort in (False, True):  # queries as given, and sorted inside the lookup (counted)
+            index.sort_queries = dindex.sort_queries = sort
+            point[sort], res = timed(lambda: index.lookup(queries))
+            wrong = int((res.first_row != sa_rows).sum())
+            assert wrong == 0, f"cgRX {backend} B={b} (sort_queries={sort}): {wrong} wrong answers"
+            ranges[sort], rres = timed(lambda: dindex.range_lookup(lo, hi))
+            assert torch.equal(rres.count, expected), f"cgRX {backend} B={b} (sort_queries={sort}): range counts wrong"
         total = sum(mem.values())
         label = f"cgRX {backend}" + ("" if (layout, search) == ("packed_row", "binary") else f" {layout}/{search}")
-        rows.append((label, b, build_ms, total / 1e9, ms, rms))
+        rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True]))
         result["runs"].append({"backend": backend, "bucket_size": b, "layout": layout, "bucket_search": search,
-                               "build_ms": build_ms, "build_peak_gb": peak,
-                               "memory": mem, "lookup_ms": ms, "range4_ms": rms})
+                               "build_ms": build_ms, "build_peak_gb": peak, "memory": mem,
+                               "lookup_ms": point[False], "range4_ms": ranges[False],
+                               "lookup_query_sort_ms": point[True], "range4_query_sort_ms": ranges[True]})
         del index, dindex, res, rres
         torch.cuda.empty_cache()
 
     print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
     print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups} (all hits), "
           f"range lookups 2^{args.log_range_lookups} of 4 hits (dense keys)")
-    print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}")
-    for name, b, bms, gb, ms, rms in rows:
-        print(f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x")
+    print("point/range: queries as given; +qsort: sorted inside the lookup (index.sort_queries=True, sort counted)")
+    print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}"
+          f" {'+qsort pt':>10s} {'+qsort rg':>10s}")
+    for name, b, bms, gb, ms, rms, qms, qrms in rows:
+        print(f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x"
+              f" {qms:10.2f} {qrms:10.2f}")
     write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
 
 

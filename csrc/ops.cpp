@@ -47,6 +47,9 @@ TORCH_LIBRARY(rtindex, m) {
   // Key mapping.
   m.def("map_keys(Tensor keys, int key_type) -> Tensor");
   m.def("map_ranges(Tensor lo, Tensor hi, int key_type) -> (Tensor, Tensor)");
+  // Query order: ordered keys sorted by their bits [begin_bit, end_bit) (a stable radix sort of those bits
+  // only), with each sorted key's position in the input. Lookups in key order walk the index coherently.
+  m.def("sort_queries(Tensor keys, int begin_bit, int end_bit) -> (Tensor sorted_keys, Tensor order)");
 
   // RX: one triangle per key. `structure` is backend specific: on CUDA the compacted OptiX GAS behind a
   // 128-byte header; on the CPU the keys sorted with their row IDs ([2, n] int64).
@@ -108,8 +111,7 @@ TORCH_LIBRARY(rtindex, m) {
       "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets) -> Tensor");
   m.def(
       "cgrx_nodes_apply(Tensor(a!) nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "
-      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor plan, Tensor first_new, Tensor list_offsets, "
-      "Tensor(b!) scratch) -> ()");
+      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor first_new) -> ()");
   m.def("cgrx_nodes_export(Tensor nodes, int node_size, int num_buckets) -> (Tensor keys, Tensor rows)");
 
   // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.

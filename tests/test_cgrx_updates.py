@@ -11,7 +11,7 @@ from keysets import I64_MAX, I64_MIN
 
 from torch_rtindex import UpdatableCgRXIndex
 
-BATCHES = int(os.environ.get("RTINDEX_UPDATE_BATCHES", "1000"))
+BATCHES = int(os.environ.get("RTINDEX_UPDATE_BATCHES", "3000"))
 
 
 class MultisetReference:
@@ -65,6 +65,47 @@ def check_full(index, ref, device, rng):
     assert len(index) == sum(ref.pairs.values())
 
 
+def chains(index):
+    """Every bucket's chain as a list of node sizes, read from the node region (layout: cgrx_nodes.h)."""
+    n = index.node_size
+    nodes = index._pairs.cpu().view(-1, 3 * n + 2)
+    out = []
+    for b in range(index.num_buckets):
+        sizes, node = [], b
+        while node != 0xFFFFFFFF:
+            sizes.append(int(nodes[node, 3 * n]))
+            node = int(nodes[node, 3 * n + 1]) & 0xFFFFFFFF
+        out.append(sizes)
+    return out
+
+
+def check_pairs(index, ref, what):
+    """Nothing lost, nothing invented: the index's (key, row ID) pairs are the reference multiset, every node
+    holds at most node_size pairs, and only a representative node is ever empty in a chain."""
+    k, r = index._export()
+    got = Counter(zip((k.cpu() ^ (-(2**63))).tolist(), r.cpu().tolist()))
+    assert got == +ref.pairs, what
+    for sizes in chains(index):
+        assert all(0 <= s <= index.node_size for s in sizes) and all(s > 0 for s in sizes[1:]), (what, sizes)
+
+
+def test_a_full_node_splits_in_half(device):
+    index = UpdatableCgRXIndex(torch.arange(4, device=device), node_size=8)  # one bucket, its node half full
+    assert chains(index) == [[4]]
+    index.insert(torch.arange(4, 8, device=device))
+    assert chains(index) == [[8]]  # full, not split yet
+    index.insert(torch.tensor([8], device=device))
+    assert chains(index) == [[4, 5]]  # the upper half moved to a new node, 8 went after it
+    index.insert(torch.tensor([-1, -2, -3, -4, -5], device=device))  # fills the first node, then splits it
+    assert chains(index) == [[4, 5, 5]]
+    index.delete(torch.arange(-5, 4, device=device))  # the representative node empties, the others stay
+    assert chains(index) == [[0, 5]] and index.lookup(torch.tensor([5, 0], device=device)).count.tolist() == [1, 0]
+    index.delete(torch.arange(4, 9, device=device))  # a linked node left empty is unlinked
+    assert chains(index) == [[0]] and len(index) == 0
+    index.insert(torch.tensor([7, 1], device=device))
+    assert chains(index) == [[2]] and index.lookup_all(torch.tensor([1, 7], device=device)).rows.tolist() == [15, 14]
+
+
 @pytest.mark.parametrize("node_size", [2, 8, 32])
 def test_random_update_sequences(device, node_size):
     rng = random.Random(node_size)
@@ -98,6 +139,7 @@ def test_random_update_sequences(device, node_size):
         assert res.rows.cpu().tolist() == list(range(next_row, next_row + n_ins))
         next_row += n_ins
         assert (res.inserted, res.deleted, res.absent) == (n_ins, exp_removed, exp_absent), f"batch {step}"
+        check_pairs(index, ref, f"batch {step}")
         if step % 25 == 0 or step == batches - 1:
             check_full(index, ref, device, rng)
     index.rebuild()  # compaction keeps every pair and its row ID

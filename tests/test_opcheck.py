@@ -7,7 +7,7 @@ dynamic shapes gives the same values as eager). Each test also checks the op's e
 independent reference, so the arguments are the realistic ones the API passes. Operators with data-dependent
 output sizes (the CSR lookups, cgrx_build, cgrx_nodes_load, cgrx_nodes_export, the builds of structures) pass
 all four checks through unbacked sizes in their fake kernels; the mutating cgrx_nodes_apply (declared
-``Tensor(a!) nodes, Tensor(b!) scratch``) passes them too, test_schema checking that it mutates nothing else.
+``Tensor(a!) nodes``) passes them too, test_schema checking that it mutates nothing else.
 
 Where a check cannot apply it is left out, per device, and the reason is written next to it:
 
@@ -410,7 +410,7 @@ def test_cgrx_update_operators(device, gen):
         assert name in names, name
     for func, args in rec.calls:
         if func._opname.startswith("cgrx_"):
-            opcheck(func, args)  # apply's inputs as they were before it ran: it mutates nodes and scratch
+            opcheck(func, args)  # apply's inputs as they were before it ran: it mutates nodes
 
     # Reference: what export returns is the multiset of pairs the updates leave, with their ordered keys.
     pairs = Counter(zip(keys.tolist(), range(keys.numel())))

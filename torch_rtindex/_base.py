@@ -27,6 +27,21 @@ VALUE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
 # process, so the API refuses before launching.
 OPTIX_CAPTURE_REASON = "OptiX launches fail under capture with an illegal memory access that poisons the CUDA context"
 
+#: How many key bits a query sort orders by (see IndexBase.sort_queries): 2^24 groups of neighbouring keys,
+#: three passes of CUB's 8-bit radix sort instead of the eight a full 64-bit sort takes.
+QUERY_SORT_BITS = 24
+#: The automatic policy sorts batches of at least this many queries before an OptiX traversal.
+QUERY_SORT_MIN_BATCH = 1 << 18
+
+
+def query_sort_bits(smallest: int, largest: int) -> tuple[int, int]:
+    """The bit range [begin, end) of ordered keys a query sort orders by, for an index whose ordered keys span
+    [smallest, largest] (as int64 bit patterns, in either signed or unsigned order): the QUERY_SORT_BITS bits
+    under the highest bit in which the keys differ, since every bit above it is the same for all of them.
+    (0, 0) when there is nothing to tell apart."""
+    end = ((smallest ^ largest) & (2**64 - 1)).bit_length()
+    return max(0, end - QUERY_SORT_BITS), end
+
 
 def _ops():
     _extension.load()
@@ -71,6 +86,15 @@ class IndexBase:
     key_dtype: torch.dtype
     device: torch.device
 
+    #: Whether the lookups that answer one row per query (``lookup``, ``range_lookup``, ``aggregate``,
+    #: ``range_aggregate``) first sort the queries by key, so that neighbouring threads walk neighbouring parts
+    #: of the index, and put the answers back in the caller's order. ``None`` (the default) decides per call:
+    #: on CUDA, for indexes that trace rays (where it pays most; see benchmarks/results), and batches of at
+    #: least QUERY_SORT_MIN_BATCH queries. ``True`` / ``False`` force it; answers are identical either way.
+    #: The sort (a radix sort over QUERY_SORT_BITS bits) is counted in every lookup time the benchmarks report.
+    sort_queries: bool | None = None
+    _query_bits: tuple[int, int] = (0, 0)
+
     # ------------------------------------------------------------------------------------ subclass hooks
     def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
         """The operator arguments of a lookup of the ordered queries (everything but a trailing capacity or values)."""
@@ -83,6 +107,10 @@ class IndexBase:
     def _capture_refusal(self) -> str | None:
         """Why this index's CUDA lookups cannot be captured in a CUDA graph, or None if they can."""
         return None
+
+    def _traces_rays(self) -> bool:
+        """Whether this index's CUDA lookups are OptiX launches (the automatic query sort's criterion)."""
+        return False
 
     def _num_values(self) -> tuple[int, bool]:
         """How many values a value column needs: (n, exact) — exactly n, or at least n."""
@@ -112,6 +140,14 @@ class IndexBase:
         ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
         self._record_stream_uses((keys,), index=False)  # read on this stream, maybe made on another
         return ordered
+
+    def _note_key_span(self, ordered: torch.Tensor) -> None:
+        """Remembers which key bits a query sort should order by (query_sort_bits); called by every build."""
+        if ordered.numel() == 0:
+            self._query_bits = (0, 0)
+            return
+        smallest, largest = torch.aminmax(ordered)  # signed order: query_sort_bits says why that is enough
+        self._query_bits = query_sort_bits(int(smallest), int(largest))
 
     def _set_source(self, keys: torch.Tensor) -> None:
         self._source = keys  # the caller's tensor, as given, for state_dict()
@@ -196,12 +232,36 @@ class IndexBase:
         """The operator arguments of a lookup (with the checked value column last, when given)."""
         self._refuse_capture(method, needs_host_sync)
         qlo, qhi = self._queries(lo, hi)
-        args, inputs = self._index_args(qlo, qhi), (lo, hi)
+        return self._op_args(qlo, qhi, (lo, hi), values)
+
+    def _op_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None, inputs: tuple, values: torch.Tensor | None) -> tuple:
+        args = self._index_args(qlo, qhi)
         if values is not None:
             checked = self._values(values)  # the caller's column, or a contiguous copy of it
-            args, inputs = (*args, checked), (lo, hi, values, checked)
+            args, inputs = (*args, checked), (*inputs, values, checked)
         self._record_stream_uses(inputs)
         return args
+
+    def _wants_query_sort(self, n: int) -> bool:
+        if self._query_bits[1] == 0 or n >= 2**31:
+            return False  # one distinct key (or none): nothing to order by; the sort takes < 2^31 keys
+        if self.sort_queries is not None:
+            return bool(self.sort_queries)
+        return self.device.type == "cuda" and self._traces_rays() and n >= QUERY_SORT_MIN_BATCH
+
+    def _per_query(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str,
+                   values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Runs an operator that answers one row per query (``lookup``, ``aggregate``), through a query sort
+        when :attr:`sort_queries` says so: the operator sees the queries in key order, and its answers are
+        scattered back to the caller's order (a permutation, so every answer lands exactly once)."""
+        self._refuse_capture(method, False)
+        qlo, qhi = self._queries(lo, hi)
+        if not self._wants_query_sort(qlo.numel()):
+            return self._op(form)(*self._op_args(qlo, qhi, (lo, hi), values))
+        slo, order = _ops().sort_queries(qlo, *self._query_bits)
+        shi = None if qhi is None else qhi.index_select(0, order)
+        out = self._op(form)(*self._op_args(slo, shi, (lo, hi), values))
+        return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
     def _values(self, values: torch.Tensor) -> torch.Tensor:
         n, exact = self._num_values()
@@ -231,12 +291,12 @@ class IndexBase:
         Args:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
-        return Lookup(*self._op("lookup")(*self._args(queries, None)))
+        return Lookup(*self._per_query("lookup", queries, None, "lookup"))
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order; empty when ``lo[i] > hi[i]``)
         answered as (smallest matching row ID or -1, match count)."""
-        return Lookup(*self._op("lookup")(*self._args(lo, hi, "range_lookup")))
+        return Lookup(*self._per_query("lookup", lo, hi, "range_lookup"))
 
     def lookup_all(self, queries: torch.Tensor) -> Matches:
         """Point lookups returning every matching row ID (duplicates) as CSR, ascending row IDs per query.
@@ -273,11 +333,11 @@ class IndexBase:
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Point lookups answered as (match count, sum of ``values[row]`` over the matches); sums of integer
         values are int64, of floating values float64."""
-        return Aggregate(*self._op("aggregate")(*self._args(queries, None, "aggregate", values=values)))
+        return Aggregate(*self._per_query("aggregate", queries, None, "aggregate", values))
 
     def range_aggregate(self, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Range lookups answered as (match count, sum of ``values[row]`` over the matches)."""
-        return Aggregate(*self._op("aggregate")(*self._args(lo, hi, "range_aggregate", values=values)))
+        return Aggregate(*self._per_query("aggregate", lo, hi, "range_aggregate", values))
 
     def capturable(self) -> bool:
         """Whether this index's fixed-size lookups (``lookup``, ``range_lookup``, ``aggregate``,

@@ -25,6 +25,11 @@ def _(lo, hi, key_type):
     return lo.new_empty(lo.shape, dtype=torch.int64), hi.new_empty(hi.shape, dtype=torch.int64)
 
 
+@register_fake("rtindex::sort_queries")
+def _(keys, begin_bit, end_bit):
+    return keys.new_empty(keys.shape, dtype=torch.int64), keys.new_empty(keys.shape, dtype=torch.int64)
+
+
 @register_fake("rtindex::rx_build")
 def _(keys, scene, allow_update):
     if keys.device.type == "cpu":
@@ -146,12 +151,11 @@ def _(reps, table, keys):
 
 @register_fake("rtindex::cgrx_nodes_plan")
 def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets):
-    return del_offsets.new_empty((del_offsets.shape[0] - 1, 5), dtype=torch.int64)
+    return del_offsets.new_empty((del_offsets.shape[0] - 1, 6), dtype=torch.int64)
 
 
 @register_fake("rtindex::cgrx_nodes_apply")
-def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets, plan, first_new,
-      list_offsets, scratch):
+def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets, first_new):
     return None
 
 

@@ -124,6 +124,7 @@ class CgRXIndex(IndexBase):
             )
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._note_key_span(ordered)
         self._set_source(keys)
 
     def rebuild(self, keys: torch.Tensor) -> None:
@@ -139,6 +140,9 @@ class CgRXIndex(IndexBase):
 
     def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._pairs, self._reps, self._table, self._scene)
+
+    def _traces_rays(self) -> bool:
+        return self.backend == "optix"
 
     def _capture_refusal(self) -> str | None:
         if self.backend != "optix":

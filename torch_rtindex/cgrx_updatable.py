@@ -75,6 +75,7 @@ class UpdatableCgRXIndex(CgRXIndex):
             self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._note_key_span(ordered)
 
     def rebuild(self, keys: torch.Tensor | None = None) -> None:
         """Compacts the index (no arguments: same pairs, fresh buckets and representatives) or replaces its keys.
@@ -156,8 +157,9 @@ class UpdatableCgRXIndex(CgRXIndex):
         return index
 
     # ---------------------------------------------------------------------------------------------- updates
-    def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str):
-        """Maps, validates and sorts one side of a batch by (key, row ID); rows stay None when not given."""
+    def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str, rows_ascending: bool = False):
+        """Maps, validates and sorts one side of a batch by (key, row ID); rows stay None when not given.
+        ``rows_ascending``: the rows are known to ascend (fresh row IDs), so one stable sort by key is enough."""
         ops = _ops()
         if keys is None:
             keys = torch.empty(0, dtype=self.key_dtype, device=self.device)
@@ -173,11 +175,12 @@ class UpdatableCgRXIndex(CgRXIndex):
             if rows.numel() and (bool((rows < 0).any()) or bool((rows > MAX_KEYS - 1).any())):
                 raise ValueError(f"{what} rows must be row IDs in 0 .. 2^32 - 2")
             rows = rows.to(torch.int64)
-        order_rows = rows if rows is not None else torch.zeros_like(ordered)
-        by_row = torch.sort(order_rows, stable=True).indices
-        ordered, order_rows = ordered[by_row], order_rows[by_row]
-        by_key = torch.sort(ordered ^ (-(2**63)), stable=True).indices
-        return ordered[by_key].contiguous(), (order_rows[by_key] if rows is not None else None)
+        if rows is not None and not rows_ascending:
+            by_row = torch.sort(rows, stable=True).indices
+            ordered, rows = ordered[by_row], rows[by_row]
+        # Unsigned key order through a signed sort (flip the top bit), stable: equal keys keep their row order.
+        flipped, by_key = torch.sort(ordered ^ (-(2**63)), stable=True)
+        return (flipped ^ (-(2**63))).contiguous(), (rows[by_key] if rows is not None else None)
 
     def _bucket_offsets(self, ordered: torch.Tensor) -> torch.Tensor:
         """Where each bucket's slice of a sorted batch starts (batches sorted by key are sorted by bucket)."""
@@ -232,11 +235,12 @@ class UpdatableCgRXIndex(CgRXIndex):
         """
         ops = _ops()
         n_ins = 0 if insert_keys is None else int(insert_keys.numel())
-        if insert_rows is None:
+        fresh_rows = insert_rows is None
+        if fresh_rows:
             if self._next_row + n_ins > MAX_KEYS:
                 raise ValueError("row IDs would exceed 2^32 - 1; pass insert_rows or rebuild")
             insert_rows = torch.arange(self._next_row, self._next_row + n_ins, device=self.device)
-        ik, ir = self._sorted_side(insert_keys, insert_rows, "insert")
+        ik, ir = self._sorted_side(insert_keys, insert_rows, "insert", rows_ascending=fresh_rows)
         dk, dr = self._sorted_side(delete_keys, delete_rows, "delete")
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
@@ -254,16 +258,12 @@ class UpdatableCgRXIndex(CgRXIndex):
         ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)
         plan = ops.cgrx_nodes_plan(self._pairs, self.node_size, dk, dr, doff, ik, ir, ioff)
         N = self.node_size
-        chain, total = plan[:, 1], plan[:, 3]
-        needed = torch.clamp((total + N - 1) // N, min=1)
-        extra = torch.clamp(needed - chain, min=0)
-        first_new = torch.cumsum(extra, 0) - extra + self._used
-        list_len = torch.maximum(chain, needed)
-        list_offsets = torch.cumsum(list_len, 0) - list_len
+        reserve = plan[:, 5]  # a bound on the nodes each bucket's splits can take (cgrx_nodes.h, split_bound)
+        first_new = torch.cumsum(reserve, 0) - reserve + self._used
         absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - plan[:, 4].sum()
         removed = (plan[:, 0] - plan[:, 2]).sum() + cancelled
-        sums = torch.stack([extra.sum(), list_len.sum(), removed, torch.as_tensor(absent, device=plan.device)])
-        total_extra, list_total, removed, absent = sums.tolist()  # the update's one host sync
+        sums = torch.stack([reserve.sum(), removed, torch.as_tensor(absent, device=plan.device)])
+        total_extra, removed, absent = sums.tolist()  # the update's one host sync
         words = 3 * N + 2
         nodes = self._pairs
         capacity = nodes.numel() // words
@@ -272,8 +272,7 @@ class UpdatableCgRXIndex(CgRXIndex):
             grown = torch.empty(int(need * self.growth + 1) * words, dtype=torch.int32, device=self.device)
             grown[: self._used * words] = nodes[: self._used * words]
             nodes = grown
-        scratch = torch.empty(max(1, list_total), dtype=torch.int32, device=self.device)
-        ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, plan, first_new, list_offsets, scratch)
+        ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new)
         self._pairs = nodes
         self._used = need
         self._n += n_ins - removed

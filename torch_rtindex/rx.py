@@ -83,6 +83,7 @@ class RXIndex(IndexBase):
             self.unique_keys = True
         self._keys = ordered
         self._structure = _ops().rx_build(ordered, self.scene.as_list(), self.allow_update)
+        self._note_key_span(ordered)
         self._set_source(keys)
 
     def rebuild(self, keys: torch.Tensor) -> None:
@@ -101,6 +102,7 @@ class RXIndex(IndexBase):
         ordered = self._map_keys(keys)
         _ops().rx_refit(self._structure, ordered, self.scene.as_list())
         self._keys = ordered
+        self._note_key_span(ordered)
         self._set_source(keys)
         if ordered.numel() > 1:
             s = torch.sort(ordered).values
@@ -112,6 +114,9 @@ class RXIndex(IndexBase):
 
     def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._structure, self._keys)
+
+    def _traces_rays(self) -> bool:
+        return True
 
     def _capture_refusal(self) -> str | None:
         return (

@@ -7,13 +7,12 @@
 //   - bucket b holds exactly the keys in (reps[b-1], reps[b]] (bucket 0 everything <= reps[0], the last
 //     bucket everything > reps[m-2]); the build never splits a run of equal keys over two buckets, so every
 //     key lives in one bucket and an update of a key touches one bucket only;
-//   - a chain is sorted by (key, row ID) and packed: all its nodes are full except the last, so the f-th
-//     pair of a chain sits in its (f / N)-th node at slot f % N.
-// An update batch is planned first (per bucket: sizes after deletions and insertions, nodes needed), the
-// host reserves nodes for the whole batch (growing the region if needed, before anything is changed), and
-// then applied by one thread per bucket: deletions by a forward compaction (the write position never passes
-// the read position), insertions by a backward merge (the write position never falls behind the read
-// position), both in place. The same functions run on the CPU and in the CUDA kernels.
+//   - a chain is sorted by (key, row ID): every node holds a sorted run of 0..N pairs, and each node's pairs
+//     come before the next node's (only the representative node may be empty while others follow).
+// An update batch is planned first (per bucket: sizes after deletions and insertions, and a bound on the new
+// nodes its splits can need), the host reserves those nodes for the whole batch (growing the region if
+// needed, before anything is changed), and then one thread per bucket applies it in place (apply_bucket).
+// The same functions run on the CPU and in the CUDA kernels.
 #pragma once
 
 #include <cstdint>
@@ -112,89 +111,108 @@ struct DeleteMatcher {
   }
 };
 
-// Plan of one bucket: [pairs before, nodes in chain, pairs after deletions, pairs after the batch,
-// deletion entries that found something].
-constexpr int kPlanFields = 5;
+RTX_HD uint64_t nodes_needed(uint64_t pairs, uint32_t node_size) {
+  const uint64_t n = (pairs + node_size - 1) / node_size;
+  return n ? n : 1;
+}
+
+// Plan of one bucket: [pairs before, nodes in chain, pairs after deletions, pairs after the batch, deletion
+// entries that found something, nodes to reserve for the bucket's splits].
+constexpr int kPlanFields = 6;
+
+// How many new nodes a bucket's insertions can need at most (the plan reserves them before anything changes).
+// A split turns a full node (N pairs) into two nodes of N/2; with Phi = sum over nodes of max(0, size - N/2),
+// a split lowers Phi by N/2 and an insertion raises it by at most 1, and Phi >= 0, so
+// splits <= (Phi after the deletions + insertions) / (N/2). Reserved nodes a batch does not use stay empty
+// and unlinked (free space until rebuild() compacts the region).
+RTX_HD uint64_t split_bound(uint64_t phi, uint64_t insertions, uint32_t node_size) {
+  return (phi + insertions) / (node_size / 2);
+}
 
 RTX_HD void plan_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, int64_t* plan) {
   DeleteMatcher m{batch};
-  uint64_t before = 0, chain = 0, kept = 0;
+  uint64_t before = 0, chain = 0, kept = 0, phi = 0;
   for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) {
     ++chain;
-    for (uint32_t s = 0; s < ns.size(n); ++s) {
-      ++before;
-      if (!m.deletes(ns.key(n, s), ns.row(n, s))) ++kept;
+    const uint32_t size = ns.size(n);
+    uint64_t kept_here = size;
+    before += size;
+    if (batch.del_count > 0) {  // without deletions the node headers are all a plan reads
+      for (uint32_t s = 0; s < size; ++s) kept_here -= m.deletes(ns.key(n, s), ns.row(n, s)) ? 1 : 0;
     }
+    kept += kept_here;
+    phi += kept_here > ns.node_size / 2 ? kept_here - ns.node_size / 2 : 0;
   }
   plan[0] = static_cast<int64_t>(before);
   plan[1] = static_cast<int64_t>(chain);
   plan[2] = static_cast<int64_t>(kept);
   plan[3] = static_cast<int64_t>(kept + batch.ins_count);
   plan[4] = static_cast<int64_t>(m.finish());
+  plan[5] = static_cast<int64_t>(split_bound(phi, batch.ins_count, ns.node_size));
 }
 
-RTX_HD uint64_t nodes_needed(uint64_t pairs, uint32_t node_size) {
-  const uint64_t n = (pairs + node_size - 1) / node_size;
-  return n ? n : 1;
-}
-
-// Applies one bucket's batch. `list` has room for max(chain, needed) node ids; `first_new` is the first of
-// the nodes reserved for this bucket (needed - chain of them, when positive).
-RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, const int64_t* plan,
-                         uint32_t first_new, uint32_t* list) {
-  const uint32_t N = ns.node_size;
-  const uint64_t chain = static_cast<uint64_t>(plan[1]), kept = static_cast<uint64_t>(plan[2]);
-  const uint64_t total = static_cast<uint64_t>(plan[3]);
-  const uint64_t needed = nodes_needed(total, N);
-  uint64_t len = 0;
-  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) list[len++] = n;
-  for (uint32_t extra = 0; len < needed; ++extra) list[len++] = first_new + extra;
-  auto K = [&](uint64_t f) -> uint64_t& { return ns.key(list[f / N], static_cast<uint32_t>(f % N)); };
-  auto R = [&](uint64_t f) -> uint32_t& { return ns.row(list[f / N], static_cast<uint32_t>(f % N)); };
-
-  // Deletions: forward compaction (packed chain: the f-th pair is at list[f / N], slot f % N).
-  DeleteMatcher m{batch};
-  const uint64_t before = static_cast<uint64_t>(plan[0]);
-  uint64_t w = 0;
-  for (uint64_t r = 0; r < before; ++r) {
-    const uint64_t k = K(r);
-    const uint32_t row = R(r);
-    if (m.deletes(k, row)) continue;
-    K(w) = k;
-    R(w) = row;
-    ++w;
-  }
-  // Insertions: backward merge of the kept pairs and the sorted insertions, in (key, row ID) order.
-  uint64_t src = kept, ins = batch.ins_count, dst = total;
-  while (ins > 0) {
-    const uint64_t ik = batch.ins_keys[ins - 1];
-    const uint32_t ir = batch.ins_rows[ins - 1];
-    if (src > 0 && pair_less(ik, ir, K(src - 1), R(src - 1))) {
-      --src;
-      --dst;
-      K(dst) = K(src);
-      R(dst) = R(src);
-    } else {
-      --ins;
-      --dst;
-      K(dst) = ik;
-      R(dst) = ir;
+// Applies one bucket's batch as the paper does, deletions first: each deletion shifts the pairs after it in
+// its node to the left (a linked node left empty is unlinked; the representative node always stays); then
+// each insertion goes into the first node whose largest pair is not smaller (or the last node), shifting the
+// pairs after it to the right; an insertion into a full node first splits it, moving its upper half into a
+// new node linked right after it. `first_new` is the first of the plan's reserved nodes for this bucket.
+RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, uint32_t first_new) {
+  const uint32_t N = ns.node_size, half = N / 2;
+  if (batch.del_count > 0) {
+    DeleteMatcher m{batch};
+    uint32_t prev = kNoNode;
+    for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode;) {
+      const uint32_t next = ns.next(n);
+      uint32_t w = 0;
+      for (uint32_t s = 0; s < ns.size(n); ++s) {
+        const uint64_t k = ns.key(n, s);
+        const uint32_t r = ns.row(n, s);
+        if (m.deletes(k, r)) continue;
+        ns.key(n, w) = k;
+        ns.row(n, w) = r;
+        ++w;
+      }
+      ns.size(n) = w;
+      if (w == 0 && prev != kNoNode) {
+        ns.next(prev) = next;
+        ns.next(n) = kNoNode;
+      } else {
+        prev = n;
+      }
+      n = next;
     }
   }
-  // Sizes and links: `needed` packed nodes; nodes the chain no longer needs are unlinked and emptied (they
-  // are free space until a rebuild compacts the region).
-  for (uint64_t i = 0; i < len; ++i) {
-    const uint32_t n = list[i];
-    if (i < needed) {
-      const uint64_t start = i * N;
-      ns.size(n) = static_cast<uint32_t>(total > start ? (total - start < N ? total - start : N) : 0);
-      ns.next(n) = i + 1 < needed ? list[i + 1] : kNoNode;
-    } else {
-      ns.size(n) = 0;
-      ns.next(n) = kNoNode;
+  uint32_t cur = static_cast<uint32_t>(b), fresh = first_new;
+  auto last_less = [&](uint32_t n, uint64_t k, uint32_t r) {  // node n's largest pair < (k, r)
+    const uint32_t sz = ns.size(n);
+    return pair_less(ns.key(n, sz - 1), ns.row(n, sz - 1), k, r);
+  };
+  for (uint64_t i = 0; i < batch.ins_count; ++i) {
+    const uint64_t k = batch.ins_keys[i];
+    const uint32_t r = batch.ins_rows[i];
+    // Insertions are sorted, so the node they go into only moves forward.
+    while (ns.next(cur) != kNoNode && (ns.size(cur) == 0 || last_less(cur, k, r))) cur = ns.next(cur);
+    if (ns.size(cur) == N) {
+      const uint32_t x = fresh++;
+      for (uint32_t s = 0; s < half; ++s) {
+        ns.key(x, s) = ns.key(cur, half + s);
+        ns.row(x, s) = ns.row(cur, half + s);
+      }
+      ns.size(x) = half;
+      ns.next(x) = ns.next(cur);
+      ns.size(cur) = half;
+      ns.next(cur) = x;
+      if (last_less(cur, k, r)) cur = x;
     }
+    uint32_t s = ns.size(cur);
+    for (; s > 0 && pair_less(k, r, ns.key(cur, s - 1), ns.row(cur, s - 1)); --s) {
+      ns.key(cur, s) = ns.key(cur, s - 1);
+      ns.row(cur, s) = ns.row(cur, s - 1);
+    }
+    ns.key(cur, s) = k;
+    ns.row(cur, s) = r;
+    ns.size(cur) += 1;
   }
-  (void)chain;
 }
 
 }  // namespace rtindex::cgrx

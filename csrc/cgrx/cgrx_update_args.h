@@ -39,6 +39,14 @@ inline Nodes nodes_view(const at::Tensor& nodes, int64_t node_size, int64_t m) {
                static_cast<uint64_t>(m)};
 }
 
+// The first reserved node of every bucket (the caller's prefix sum over the plan's reservations).
+inline void check_first_new(const at::Tensor& first_new, int64_t m, const at::Tensor& nodes) {
+  TORCH_CHECK(first_new.dim() == 1 && first_new.scalar_type() == at::kLong && first_new.numel() == m &&
+                  first_new.is_contiguous(),
+              "first_new must be int64 with one entry per bucket");
+  check_same_device(first_new, nodes, "first_new", "the index");
+}
+
 inline Batch batch_view(const at::Tensor& nodes, const at::Tensor& del_keys, const c10::optional<at::Tensor>& del_rows,
                         const at::Tensor& del_offsets, const at::Tensor& ins_keys, const at::Tensor& ins_rows,
                         const at::Tensor& ins_offsets) {

@@ -60,18 +60,14 @@ at::Tensor nodes_plan_cpu(const at::Tensor& nodes, int64_t node_size, const at::
 
 void nodes_apply_cpu(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
                      const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
-                     const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& plan,
-                     const at::Tensor& first_new, const at::Tensor& list_offsets, at::Tensor& scratch) {
+                     const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& first_new) {
   const int64_t m = del_offsets.numel() - 1;
   const Nodes ns = update::nodes_view(nodes, node_size, m);
   const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
-  const int64_t* p = plan.data_ptr<int64_t>();
+  update::check_first_new(first_new, m, nodes);
   const int64_t* fn = first_new.data_ptr<int64_t>();
-  const int64_t* lo = list_offsets.data_ptr<int64_t>();
-  uint32_t* list = reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>());
   at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
-    for (int64_t b = b0; b < e; ++b)
-      apply_bucket(ns, b, batch.bucket(b), p + b * kPlanFields, static_cast<uint32_t>(fn[b]), list + lo[b]);
+    for (int64_t b = b0; b < e; ++b) apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(fn[b]));
   });
 }
 

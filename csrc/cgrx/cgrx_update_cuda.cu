@@ -30,10 +30,9 @@ __global__ void plan_kernel(Nodes ns, update::Batch batch, int64_t m, int64_t* p
     plan_bucket(ns, b, batch.bucket(b), plan + b * kPlanFields);
 }
 
-__global__ void apply_kernel(Nodes ns, update::Batch batch, int64_t m, const int64_t* plan, const int64_t* first_new,
-                             const int64_t* list_offsets, uint32_t* list) {
+__global__ void apply_kernel(Nodes ns, update::Batch batch, int64_t m, const int64_t* first_new) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
-    apply_bucket(ns, b, batch.bucket(b), plan + b * kPlanFields, static_cast<uint32_t>(first_new[b]), list + list_offsets[b]);
+    apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(first_new[b]));
 }
 
 __global__ void chain_sizes_kernel(Nodes ns, int64_t m, int64_t* sizes) {
@@ -91,15 +90,13 @@ at::Tensor nodes_plan_cuda(const at::Tensor& nodes, int64_t node_size, const at:
 
 void nodes_apply_cuda(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
                       const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
-                      const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& plan,
-                      const at::Tensor& first_new, const at::Tensor& list_offsets, at::Tensor& scratch) {
+                      const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& first_new) {
   const c10::cuda::CUDAGuard guard(nodes.device());
   const int64_t m = del_offsets.numel() - 1;
   const Nodes ns = update::nodes_view(nodes, node_size, m);
   const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
-  apply_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, plan.data_ptr<int64_t>(),
-                                                             first_new.data_ptr<int64_t>(), list_offsets.data_ptr<int64_t>(),
-                                                             reinterpret_cast<uint32_t*>(scratch.data_ptr<int32_t>()));
+  update::check_first_new(first_new, m, nodes);
+  apply_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, first_new.data_ptr<int64_t>());
   RTX_CHECK_LAUNCH();
 }
 

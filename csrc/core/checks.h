@@ -18,6 +18,12 @@ inline void check_ordered_keys(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
+// The bit range a query sort orders by (sort_queries): begin < end would be empty, and an ordered key has 64 bits.
+inline void check_sort_bits(int64_t begin_bit, int64_t end_bit) {
+  TORCH_CHECK(0 <= begin_bit && begin_bit < end_bit && end_bit <= 64,
+              "sort bits must satisfy 0 <= begin_bit < end_bit <= 64, got [", begin_bit, ", ", end_bit, ")");
+}
+
 inline void check_same_device(const at::Tensor& a, const at::Tensor& b, const char* name_a,
                               const char* name_b) {
   TORCH_CHECK(a.device() == b.device(), name_a, " is on ", a.device(), " but ", name_b, " is on ", b.device(),
