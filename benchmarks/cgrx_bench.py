@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from rx_bench import git_commit, make_keys, timed, write_json  # noqa: E402  (same folder)
+from rx_bench import git_commit, make_keys, timed as timed_on, write_json  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import CgRXIndex  # noqa: E402
@@ -46,18 +46,22 @@ def main() -> None:
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
+    ap.add_argument("--range-hits", default="4,64", help="hits per range lookup (ranges over dense keys)")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
     args = ap.parse_args()
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    timed = lambda fn: timed_on(fn, device=dev)  # noqa: E731
     gen = torch.Generator(device=dev).manual_seed(42)
     n, q, qr = 1 << args.log_keys, 1 << args.log_lookups, 1 << args.log_range_lookups
-    info = torch_rtindex.optix_info()
+    info = torch_rtindex.optix_info() if cuda else {"abi": None, "has_rt_cores": None}
     keys = make_keys(args.dist, n, gen, dev)
     queries = keys[torch.randint(0, n, (q,), generator=gen, device=dev)]
     rows = []
-    result = {"device": torch.cuda.get_device_name(), "commit": git_commit(), "torch": torch.__version__,
+    result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "commit": git_commit(), "torch": torch.__version__,
               "optix": info, "params": vars(args), "runs": []}
 
-    (sk, perm), sa_build_ms, _ = build_timed(lambda: torch.sort(keys))
+    (sk, perm), sa_build_ms, _ = build_timed(lambda: torch.sort(keys), dev)
     sa_bytes = sk.nbytes + perm.nbytes
 
     def sa_lookup():
@@ -65,16 +69,21 @@ def main() -> None:
         return torch.where(sk[pos] == queries, perm[pos], -1)
 
     sa_ms, sa_rows = timed(sa_lookup)
-    # ranges of 4 hits on dense keys (hits = args range width)
+    # ranges of h hits on dense keys: [k, k + h - 1] (fewer hits at the top end)
+    hits = [int(h) for h in args.range_hits.split(",")]
     dense = make_keys("dense", n, gen, dev)
     lo = dense[torch.randint(0, n, (qr,), generator=gen, device=dev)]
-    hi = lo + 3
-    expected = torch.clamp(hi, max=n - 1) - lo + 1
+    his = {h: lo + (h - 1) for h in hits}
+    expected = {h: torch.clamp(his[h], max=n - 1) - lo + 1 for h in hits}
     dsk = torch.sort(dense).values
-    sar_ms, sar = timed(lambda: torch.searchsorted(dsk, hi, right=True) - torch.searchsorted(dsk, lo))
-    assert torch.equal(sar, expected)
-    rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms, float("nan"), float("nan")))
-    result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms, "range4_ms": sar_ms}
+    sar_ms = {}
+    for h in hits:
+        sar_ms[h], sar = timed(lambda: torch.searchsorted(dsk, his[h], right=True) - torch.searchsorted(dsk, lo))
+        assert torch.equal(sar, expected[h])
+    nan = float("nan")
+    rows.append(("SA", "-", sa_build_ms, sa_bytes / 1e9, sa_ms, sar_ms, nan, {h: nan for h in hits}))
+    result["sa"] = {"build_ms": sa_build_ms, "bytes": sa_bytes, "lookup_ms": sa_ms,
+                    **{f"range{h}_ms": sar_ms[h] for h in hits}}
     if args.hash_table:
         from baselines.hash_table import HashTable
 
@@ -82,8 +91,8 @@ def main() -> None:
         ht, ht_build_ms, _ = build_timed(lambda: HashTable(keys))
         ht_ms, ht_rows = timed(lambda: ht.lookup(queries))
         assert torch.equal(ht_rows, sa_rows), "hash table disagrees with the sorted array"
-        rows.append(("hash table (own baseline, no ranges)", "-", ht_build_ms, ht.nbytes() / 1e9, ht_ms, float("nan"),
-                     float("nan"), float("nan")))
+        rows.append(("hash table (own baseline, no ranges)", "-", ht_build_ms, ht.nbytes() / 1e9, ht_ms,
+                     {h: nan for h in hits}, nan, {h: nan for h in hits}))
         result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
         del ht
 
@@ -95,37 +104,43 @@ def main() -> None:
         def make(ks, b=b, backend=backend, layout=layout, search=search):
             return CgRXIndex(ks, bucket_size=b, backend=backend, layout=layout, bucket_search=search)
 
-        index, build_ms, peak = build_timed(lambda: make(keys))
+        index, build_ms, peak = build_timed(lambda: make(keys), dev)
         mem = index.memory()
         dindex = make(dense)
-        point, ranges = {}, {}
+        point, ranges = {}, {False: {}, True: {}}
         for sort in (False, True):  # queries as given, and sorted inside the lookup (counted)
             index.sort_queries = dindex.sort_queries = sort
             point[sort], res = timed(lambda: index.lookup(queries))
             wrong = int((res.first_row != sa_rows).sum())
             assert wrong == 0, f"cgRX {backend} B={b} (sort_queries={sort}): {wrong} wrong answers"
-            ranges[sort], rres = timed(lambda: dindex.range_lookup(lo, hi))
-            assert torch.equal(rres.count, expected), f"cgRX {backend} B={b} (sort_queries={sort}): range counts wrong"
+            for h in hits:
+                ranges[sort][h], rres = timed(lambda: dindex.range_lookup(lo, his[h]))
+                assert torch.equal(rres.count, expected[h]), f"cgRX {backend} B={b} (sort_queries={sort}): {h}-hit ranges wrong"
         total = sum(mem.values())
         label = f"cgRX {backend}" + ("" if (layout, search) == ("packed_row", "binary") else f" {layout}/{search}")
         rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True]))
         result["runs"].append({"backend": backend, "bucket_size": b, "layout": layout, "bucket_search": search,
                                "build_ms": build_ms, "build_peak_gb": peak, "memory": mem,
-                               "lookup_ms": point[False], "range4_ms": ranges[False],
-                               "lookup_query_sort_ms": point[True], "range4_query_sort_ms": ranges[True]})
+                               "lookup_ms": point[False], "lookup_query_sort_ms": point[True],
+                               **{f"range{h}_ms": ranges[False][h] for h in hits},
+                               **{f"range{h}_query_sort_ms": ranges[True][h] for h in hits}})
         del index, dindex, res, rres
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
 
     print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
     print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups} (all hits), "
-          f"range lookups 2^{args.log_range_lookups} of 4 hits (dense keys)")
-    print("point/range: queries as given; +qsort: sorted inside the lookup (index.sort_queries=True, sort counted)")
-    print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s} {'range ms':>9s} {'vs SA':>6s}"
-          f" {'+qsort pt':>10s} {'+qsort rg':>10s}")
+          f"range lookups 2^{args.log_range_lookups} of {args.range_hits} hits (dense keys)")
+    print("queries as given; +qsort: sorted inside the lookup (index.sort_queries=True, sort counted); rN: N-hit ranges")
+    head = "".join(f" {f'r{h} ms':>9s} {'vs SA':>6s}" for h in hits) + f" {'+qsort pt':>10s}"
+    head += "".join(f" {f'+qsort r{h}':>10s}" for h in hits)
+    print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s}" + head)
     for name, b, bms, gb, ms, rms, qms, qrms in rows:
-        print(f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x {rms:9.2f} {sar_ms / rms:5.2f}x"
-              f" {qms:10.2f} {qrms:10.2f}")
-    write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
+        line = f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x"
+        line += "".join(f" {rms[h]:9.2f} {sar_ms[h] / rms[h]:5.2f}x" for h in hits) + f" {qms:10.2f}"
+        print(line + "".join(f" {qrms[h]:10.2f}" for h in hits))
+    if cuda:
+        write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
 
 
 if __name__ == "__main__":

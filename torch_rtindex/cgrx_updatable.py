@@ -244,17 +244,23 @@ class UpdatableCgRXIndex(CgRXIndex):
         dk, dr = self._sorted_side(delete_keys, delete_rows, "delete")
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
-        if dr is not None:
-            keep_ins, keep_del = self._cancel_pairs(ik, ir, dk, dr)
-            found_by_key = None
-        else:
-            keep_ins = ~torch.isin(ik, dk)
-            keep_del = torch.ones_like(dk, dtype=torch.bool)
-            found_by_key = self._present(dk) | torch.isin(dk, ik)
-        cancelled = ik.numel() - keep_ins.sum()
-        ik, ir = ik[keep_ins].contiguous(), ir[keep_ins].to(torch.int32).contiguous()
-        dk = dk[keep_del].contiguous()
-        dr = dr[keep_del].to(torch.int32).contiguous() if dr is not None else None
+        found_by_key, cancelled = None, 0
+        if dr is None and dk.numel():
+            # Deletion by key: an entry is absent if its key is in neither the index nor the insertions.
+            found_by_key = self._present(dk)
+            if ik.numel():
+                found_by_key |= torch.isin(dk, ik)
+        if ik.numel() and dk.numel():  # nothing cancels in a batch of insertions only or deletions only
+            if dr is not None:
+                keep_ins, keep_del = self._cancel_pairs(ik, ir, dk, dr)
+            else:
+                keep_ins = ~torch.isin(ik, dk)
+                keep_del = torch.ones_like(dk, dtype=torch.bool)
+            cancelled = ik.numel() - keep_ins.sum()
+            ik, ir, dk = ik[keep_ins], ir[keep_ins], dk[keep_del]
+            dr = dr[keep_del] if dr is not None else None
+        ik, ir, dk = ik.contiguous(), ir.to(torch.int32).contiguous(), dk.contiguous()
+        dr = dr.to(torch.int32).contiguous() if dr is not None else None
         ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)
         plan = ops.cgrx_nodes_plan(self._pairs, self.node_size, dk, dr, doff, ik, ir, ioff)
         N = self.node_size

@@ -104,6 +104,8 @@ struct DeleteMatcher {
     }
     return false;
   }
+  // Whether no deletion can touch a node whose largest key is `last` (all deletions left are beyond it).
+  RTX_HD bool passes_over(uint64_t last) const { return d >= batch.del_count || batch.del_keys[d] > last; }
   RTX_HD uint64_t finish() {
     found += current_found;
     current_found = false;
@@ -137,7 +139,8 @@ RTX_HD void plan_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, i
     const uint32_t size = ns.size(n);
     uint64_t kept_here = size;
     before += size;
-    if (batch.del_count > 0) {  // without deletions the node headers are all a plan reads
+    // Only nodes a deletion can reach are read; the rest contribute their header's size.
+    if (size > 0 && !m.passes_over(ns.key(n, size - 1))) {
       for (uint32_t s = 0; s < size; ++s) kept_here -= m.deletes(ns.key(n, s), ns.row(n, s)) ? 1 : 0;
     }
     kept += kept_here;
@@ -163,8 +166,14 @@ RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, 
     uint32_t prev = kNoNode;
     for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode;) {
       const uint32_t next = ns.next(n);
+      const uint32_t size = ns.size(n);
+      if (size == 0 || m.passes_over(ns.key(n, size - 1))) {  // no deletion in this node
+        prev = n;
+        n = next;
+        continue;
+      }
       uint32_t w = 0;
-      for (uint32_t s = 0; s < ns.size(n); ++s) {
+      for (uint32_t s = 0; s < size; ++s) {
         const uint64_t k = ns.key(n, s);
         const uint32_t r = ns.row(n, s);
         if (m.deletes(k, r)) continue;
