@@ -55,10 +55,12 @@ def same(got, want) -> None:
 
 
 @cuda_only
+@pytest.mark.parametrize("sort_queries", [None, True])  # True: the query sort (a CUB radix sort) is captured too
 @pytest.mark.parametrize("kind", CAPTURABLE)
-def test_cgrx_lookups_replay_in_a_cuda_graph(gen, kind):
+def test_cgrx_lookups_replay_in_a_cuda_graph(gen, kind, sort_queries):
     keys = int64_keys("duplicates", 5000, gen)
     index = INDEXES[kind](keys.cuda())
+    index.sort_queries = sort_queries
     values = torch.randn(keys.numel(), dtype=torch.float64, generator=gen).cuda()
     q = point_queries(keys, 512, gen).cuda()  # static inputs: replays read whatever they hold
     lo, hi = (t.cuda() for t in range_queries(keys, 512, gen, 3 * ROW))
