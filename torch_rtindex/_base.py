@@ -141,12 +141,14 @@ class IndexBase:
         self._record_stream_uses((keys,), index=False)  # read on this stream, maybe made on another
         return ordered
 
-    def _note_key_span(self, ordered: torch.Tensor) -> None:
-        """Remembers which key bits a query sort should order by (query_sort_bits); called by every build."""
+    def _note_key_span(self, ordered: torch.Tensor, already_sorted: bool = False) -> None:
+        """Remembers which key bits a query sort should order by (query_sort_bits); called by every build.
+        ``already_sorted``: ``ordered`` is sorted (as int64), so its ends are its extremes."""
         if ordered.numel() == 0:
             self._query_bits = (0, 0)
             return
-        smallest, largest = torch.aminmax(ordered)  # signed order: query_sort_bits says why that is enough
+        # Signed order either way: query_sort_bits says why that is enough.
+        smallest, largest = (ordered[0], ordered[-1]) if already_sorted else torch.aminmax(ordered)
         self._query_bits = query_sort_bits(int(smallest), int(largest))
 
     def _set_source(self, keys: torch.Tensor) -> None:
@@ -230,9 +232,14 @@ class IndexBase:
     def _args(self, lo: torch.Tensor, hi: torch.Tensor | None, method: str = "lookup", needs_host_sync: bool = False,
               values: torch.Tensor | None = None) -> tuple:
         """The operator arguments of a lookup (with the checked value column last, when given)."""
-        self._refuse_capture(method, needs_host_sync)
-        qlo, qhi = self._queries(lo, hi)
+        qlo, qhi = self._checked_queries(lo, hi, method, needs_host_sync)
         return self._op_args(qlo, qhi, (lo, hi), values)
+
+    def _checked_queries(self, lo: torch.Tensor, hi: torch.Tensor | None, method: str,
+                         needs_host_sync: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The capture check, then the queries checked and mapped to ordered keys."""
+        self._refuse_capture(method, needs_host_sync)
+        return self._queries(lo, hi)
 
     def _op_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None, inputs: tuple, values: torch.Tensor | None) -> tuple:
         args = self._index_args(qlo, qhi)
@@ -254,8 +261,7 @@ class IndexBase:
         """Runs an operator that answers one row per query (``lookup``, ``aggregate``), through a query sort
         when :attr:`sort_queries` says so: the operator sees the queries in key order, and its answers are
         scattered back to the caller's order (a permutation, so every answer lands exactly once)."""
-        self._refuse_capture(method, False)
-        qlo, qhi = self._queries(lo, hi)
+        qlo, qhi = self._checked_queries(lo, hi, method, False)
         if not self._wants_query_sort(qlo.numel()):
             return self._op(form)(*self._op_args(qlo, qhi, (lo, hi), values))
         slo, order = _ops().sort_queries(qlo, *self._query_bits)

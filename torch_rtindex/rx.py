@@ -76,15 +76,17 @@ class RXIndex(IndexBase):
     # ----------------------------------------------------------------------------------------------- build
     def _build(self, keys: torch.Tensor) -> None:
         ordered = self._map_keys(keys)
-        if ordered.numel() > 1:
-            s = torch.sort(ordered).values
-            self.unique_keys = not bool((s[1:] == s[:-1]).any())
-        else:
-            self.unique_keys = True
         self._keys = ordered
         self._structure = _ops().rx_build(ordered, self.scene.as_list(), self.allow_update)
-        self._note_key_span(ordered)
+        self._note_keys(ordered)
         self._set_source(keys)
+
+    def _note_keys(self, ordered: torch.Tensor) -> None:
+        """What the lookups need to know of the keys, from one sort: whether they are unique (a point lookup
+        may then stop at its first hit) and their span (the query sort's bits)."""
+        s = torch.sort(ordered).values
+        self.unique_keys = not bool((s[1:] == s[:-1]).any())
+        self._note_key_span(s, already_sorted=True)
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys (the paper's update path). All-or-nothing: on error the index is unchanged."""
@@ -102,11 +104,8 @@ class RXIndex(IndexBase):
         ordered = self._map_keys(keys)
         _ops().rx_refit(self._structure, ordered, self.scene.as_list())
         self._keys = ordered
-        self._note_key_span(ordered)
+        self._note_keys(ordered)
         self._set_source(keys)
-        if ordered.numel() > 1:
-            s = torch.sort(ordered).values
-            self.unique_keys = not bool((s[1:] == s[:-1]).any())
 
     # --------------------------------------------------------------------------------------------- lookups
     def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
