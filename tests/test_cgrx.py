@@ -94,6 +94,29 @@ def test_edges(device):
         assert nothing.first_row.numel() == 0
 
 
+@pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
+@pytest.mark.parametrize("bucket_size", [1, 3, 8, 16, 40, 256])
+def test_radix_table_ties_and_wide_slices(device, gen, layout, bucket_size):
+    """The radix table compares 32-bit words cut from 64-bit offsets: keys 1 apart inside one slice share a word
+    and need the exact representatives; a dense cluster far from the extremes makes one slice hold thousands of
+    representatives (the tile search narrows over many rounds). Also every bucket size on both sides of the
+    CUDA tile widths (8, 16, 32 lanes)."""
+    cluster = torch.arange(2**40, 2**40 + 3000, dtype=torch.int64).repeat_interleave(torch.randint(1, 4, (3000,), generator=gen))
+    keys = torch.cat([cluster, torch.tensor([-(2**63), 2**63 - 1, -5, 2**62])])
+    keys = keys[torch.randperm(keys.numel(), generator=gen)]
+    ref = Reference(keys, "int64")
+    q = torch.cat([cluster[::7], cluster[::11] + 1, cluster[:100] - 1, torch.tensor([2**40 + 3000, -(2**63), 2**63 - 1, 2**62 + 1])])
+    first, count, rows = ref.points(q)
+    index = CgRXIndex(keys.to(device), bucket_size=bucket_size, layout=layout, backend="radix")
+    check_lookup(index.lookup(q.to(device)), first, count)
+    check_matches(index.lookup_all(q.to(device)), rows)
+    lo = q[:500]
+    hi = lo + torch.randint(0, 30, (lo.numel(),), generator=gen)
+    first, count, rows = ref.ranges(lo, hi)
+    check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
+    check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
 def test_aggregate(device, gen, dtype):
     keys = int64_keys("duplicates", 2000, gen)

@@ -83,24 +83,30 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
 }
 
 // ---- The radix table over the representatives (for GPUs without RT cores) -------------------------------
-// A table of 2^R + 1 row positions splits the representatives' key range [first, last] into 2^R equal
-// slices: entry j is the first representative >= first + j * 2^shift. A key's slice gives at most a few
-// candidate representatives (about one per slice for R = ceil(log2(#reps))), finished by a binary search
-// that usually stays inside one 32-byte sector. Compared with a 16-ary B-tree over the same keys (measured:
-// 39 ms for 2^27 lookups on an H100, slower than plain binary search, 29 ms), it reads one table word and a
-// sector or two of representatives from L2 instead of one 128-byte node per level. Skewed keys make some
-// slices wide; the binary search inside a slice bounds the cost by log2 of its width.
-// Layout (int32 words): [shift, R, entry 0 .. entry 2^R].
+// Finding "the first representative >= key" must not cost a trip to device memory: the bucket read that follows
+// already does. So the search structure is sized for L2 and never touches the 64-bit representatives on the
+// way (measured on an H100: reading them, 8 bytes each, from device memory cost about as much as the bucket):
+//   - 2^R + 1 entries split the representatives' key range [first, last] into 2^R equal slices of 2^shift keys:
+//     entry j is the index of the first representative >= first + j * 2^shift. R is about log2(#reps) - 3, so
+//     a slice holds about 4 to 8 representatives (one 32-byte sector of the array below);
+//   - one 32-bit word per representative: its offset inside its own slice, cut to the top 32 bits. Inside a
+//     slice these words are ordered like the representatives, so a key's slice and its own word give the
+//     answer by comparing words only, except where the cut dropped bits and a word equals the key's word:
+//     then the exact representatives decide (for 64-bit uniform keys, about one lookup in 2^13).
+// Skewed keys make some slices wide; the search inside a slice bounds the cost by log2 of its width.
+// Layout (int32 words): [shift, R, entry 0 .. entry 2^R, word of representative 0 .. m - 1].
 constexpr int kRadixHeaderWords = 2;
+constexpr int kRadixRepsPerSlice = 3;  // log2 of the representatives a slice holds on average (4 .. 8)
 
 inline int radix_log2_slots(uint64_t num_reps) {
   int r = 0;
-  while ((uint64_t(1) << r) < num_reps && r < 30) ++r;
+  while ((uint64_t(1) << (r + kRadixRepsPerSlice)) < num_reps && r < 30) ++r;
   return r;
 }
 
 inline int64_t radix_table_words(uint64_t num_reps) {
-  return num_reps == 0 ? kRadixHeaderWords : kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1;
+  if (num_reps == 0) return kRadixHeaderWords;
+  return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1 + static_cast<int64_t>(num_reps);
 }
 
 RTX_HD int bit_length(uint64_t v) {
@@ -118,6 +124,12 @@ RTX_HD int radix_shift(uint64_t first, uint64_t last, int r) {
   return bits > r ? bits - r : 0;
 }
 
+// A key's 32-bit word: its offset inside its slice, cut to the top 32 bits. Exact when shift <= 32.
+RTX_HD uint32_t radix_word(uint64_t k, uint64_t first, int shift) {
+  const uint64_t offset = shift >= 64 ? k - first : (k - first) & ((uint64_t(1) << shift) - 1);
+  return static_cast<uint32_t>(shift > 32 ? offset >> (shift - 32) : offset);
+}
+
 RTX_HD uint64_t reps_lower_bound_in(const uint64_t* reps, uint64_t lo, uint64_t hi, uint64_t k) {
   while (lo < hi) {
     const uint64_t mid = (lo + hi) >> 1;
@@ -129,16 +141,47 @@ RTX_HD uint64_t reps_lower_bound_in(const uint64_t* reps, uint64_t lo, uint64_t 
 // Entry j of the table (j in 0 .. 2^r) for m >= 1 representatives.
 RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, uint64_t j) {
   const uint64_t first = reps[0], span = reps[m - 1] - first;
-  if (j >= (uint64_t(1) << r) || (j << shift) > span || ((j << shift) >> shift) != j) return static_cast<uint32_t>(m);
+  if (j == 0) return 0;
+  if (j >= (uint64_t(1) << r) || shift >= 64 || (j << shift) > span || ((j << shift) >> shift) != j)
+    return static_cast<uint32_t>(m);
   return static_cast<uint32_t>(reps_lower_bound_in(reps, 0, m, first + (j << shift)));
 }
 
+// Read-only view of a built table.
+struct RadixTable {
+  int shift;
+  const uint32_t* entries;  // 2^R + 1
+  const uint32_t* words;    // one per representative
+
+  RTX_HD RadixTable(const int32_t* table, int log2_slots)
+      : shift(table[0]),
+        entries(reinterpret_cast<const uint32_t*>(table + kRadixHeaderWords)),
+        words(entries + (uint64_t(1) << log2_slots) + 1) {}
+  RTX_HD explicit RadixTable(const int32_t* table) : RadixTable(table, table[1]) {}
+
+  // The slice of k as a range [begin, end) of representatives; the first one >= k lies in [begin, end].
+  RTX_HD void slice(uint64_t k, uint64_t first, uint64_t& begin, uint64_t& end) const {
+    const uint64_t j = shift >= 64 ? 0 : (k - first) >> shift;
+    begin = entries[j];
+    end = entries[j + 1];
+  }
+  // Whether cutting offsets to 32 bits lost any (then equal words need the exact representatives).
+  RTX_HD bool cut() const { return shift > 32; }
+};
+
 // Index of the first representative >= k, for reps[0] < k <= reps[m - 1].
 RTX_HD uint64_t radix_lower_bound(const uint64_t* reps, const int32_t* table, uint64_t k) {
-  const int shift = table[0];
-  const uint32_t* entries = reinterpret_cast<const uint32_t*>(table + kRadixHeaderWords);
-  const uint64_t j = (k - reps[0]) >> shift;
-  return reps_lower_bound_in(reps, entries[j], entries[j + 1], k);
+  const RadixTable t(table);
+  uint64_t lo, hi;
+  t.slice(k, reps[0], lo, hi);
+  const uint64_t end = hi;
+  const uint32_t w = radix_word(k, reps[0], t.shift);
+  while (lo < hi) {
+    const uint64_t mid = (lo + hi) >> 1;
+    if (t.words[mid] < w) lo = mid + 1; else hi = mid;
+  }
+  if (t.cut() && lo < end && t.words[lo] == w) return reps_lower_bound_in(reps, lo, end, k);
+  return lo;
 }
 
 // The same answer by binary search over all representatives (the reference the other backends must match).
