@@ -1,0 +1,42 @@
+"""cgRX radix point lookups next to the hash-table baseline, small enough to run under Nsight Compute: 2^26
+uniform 64-bit keys, 2^25 lookups, each lookup run twice (the second is the warm one to read).
+
+    ncu --clock-control none -k regex:'search_kernel|radix_tile_kernel|lookup_kernel' \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables python3 benchmarks/profile_cgrx.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines.hash_table import HashTable  # noqa: E402
+
+from torch_rtindex import CgRXIndex  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--log-keys", type=int, default=26)
+    ap.add_argument("--log-lookups", type=int, default=25)
+    ap.add_argument("--bucket-size", type=int, default=16)
+    ap.add_argument("--layout", default="packed_row")
+    args = ap.parse_args()
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    keys = torch.randint(-(2**63), 2**63 - 1, (1 << args.log_keys,), generator=gen, device="cuda", dtype=torch.int64)
+    queries = keys[torch.randint(0, keys.numel(), (1 << args.log_lookups,), generator=gen, device="cuda")]
+    index = CgRXIndex(keys, bucket_size=args.bucket_size, layout=args.layout, backend="radix")
+    index.sort_queries = False
+    table = HashTable(keys)
+    for _ in range(2):
+        index.lookup(queries)
+        table.lookup(queries)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
