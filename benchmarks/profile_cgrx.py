@@ -8,6 +8,7 @@ uniform 64-bit keys, 2^25 lookups, each lookup run twice (the second is the warm
 from __future__ import annotations
 
 import argparse
+import ctypes
 import sys
 from pathlib import Path
 
@@ -25,7 +26,13 @@ def main() -> None:
     ap.add_argument("--log-lookups", type=int, default=25)
     ap.add_argument("--bucket-size", type=int, default=16)
     ap.add_argument("--layout", default="packed_row")
+    ap.add_argument("--l2-fetch-bytes", type=int, default=0,
+                    help="diagnostic: cudaLimitMaxL2FetchGranularity for this process (0: leave the driver's default)")
     args = ap.parse_args()
+    if args.l2_fetch_bytes:
+        cudart = ctypes.CDLL("libcudart.so.13")
+        torch.cuda.init()
+        assert cudart.cudaDeviceSetLimit(0x05, ctypes.c_size_t(args.l2_fetch_bytes)) == 0
     gen = torch.Generator(device="cuda").manual_seed(1)
     keys = torch.randint(-(2**63), 2**63 - 1, (1 << args.log_keys,), generator=gen, device="cuda", dtype=torch.int64)
     queries = keys[torch.randint(0, keys.numel(), (1 << args.log_lookups,), generator=gen, device="cuda")]
