@@ -5,9 +5,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <cooperative_groups.h>
-
-#include <cstdlib>
 #include <limits>
 
 #include "../core/cuda_utils.h"
@@ -20,8 +17,6 @@
 
 namespace rtindex::cgrx {
 namespace {
-
-namespace cg = cooperative_groups;
 
 // Two payload values: the closest hit's primitive index and its back-face bit (cgrx_programs.cu).
 const optix::ProgramSet kCgrxPrograms{"cgrx", "__raygen__cgrx", "__miss__cgrx", "__closesthit__cgrx", nullptr, 2};
@@ -137,85 +132,6 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   }
 }
 
-// ---- The radix backend over sorted pairs: G lanes answer one query together --------------------------------
-// One thread per query walks two binary searches (representative words, then the bucket) one dependent load
-// at a time; the bucket's first load comes from device memory and every later step waits on it. A tile of G
-// lanes instead reads G values of a sorted run at once and keeps the part that holds the answer, so a slice of
-// up to G representative words, and a bucket of up to G pairs, each cost one round trip.
-
-// First position in [lo, hi) whose value is >= k (hi if none), for a run sorted by `value`. Each round the lanes
-// probe the last position of G equal parts; the probes below k form a prefix (the run is sorted), whose length
-// names the part that holds the answer.
-template <unsigned G, typename Tile, typename K, typename Value>
-__device__ __forceinline__ uint64_t tile_lower_bound(const Tile& tile, uint64_t lo, uint64_t hi,
-                                                     K k, Value&& value) {
-  const unsigned lane = tile.thread_rank();
-  while (hi - lo > G) {
-    const uint64_t step = (hi - lo + G - 1) / G;
-    const uint64_t probe = std::min(lo + (lane + 1) * step, hi) - 1;
-    const uint64_t below = __popc(tile.ballot(value(probe) < k));
-    if (lo + below * step >= hi) return hi;
-    // The probe of part `below` is >= k: the answer lies in that part.
-    const uint64_t part = lo + below * step;
-    hi = std::min(part + step, hi);
-    lo = part;
-  }
-  const uint64_t pos = lo + lane;
-  return lo + __popc(tile.ballot(pos < hi && value(pos) < k));
-}
-
-template <unsigned G>
-__global__ void __launch_bounds__(kBlock) radix_tile_kernel(LaunchParams p) {
-  const auto tile = cg::tiled_partition<G>(cg::this_thread_block());
-  const Pairs& pairs = p.storage.pairs;
-  const RadixTable table(p.table);
-  const uint64_t tiles = uint64_t(gridDim.x) * (blockDim.x / G);
-  for (uint64_t q = blockIdx.x * uint64_t(blockDim.x / G) + tile.meta_group_rank(); q < p.num_queries; q += tiles) {
-    const uint64_t lo = p.lo[q], hi = p.hi ? p.hi[q] : lo;
-    uint64_t b = trivial_bucket(pairs, p.reps, lo, hi);
-    if (b == kSearch) {
-      uint64_t begin, end;
-      const uint64_t first = p.reps[0];
-      table.slice(lo, first, begin, end);
-      const uint32_t w = radix_word(lo, first, table.shift);
-      b = tile_lower_bound<G>(tile, begin, end, w, [&](uint64_t i) { return table.words[i]; });
-      if (table.cut() && b < end && table.words[b] == w) b = reps_lower_bound_in(p.reps, b, end, lo);
-    }
-    uint64_t i = pairs.n;
-    if (b != kNoBucket) {
-      const uint64_t start = b * pairs.bucket_size;
-      i = tile_lower_bound<G>(tile, start, std::min<uint64_t>(start + pairs.bucket_size, pairs.n), lo,
-                           [&](uint64_t j) { return pairs.key(j); });
-    }
-    // The lanes just read these pairs: the leader's walk over the matches reads them from L1.
-    if (tile.thread_rank() == 0) {
-      HitState s;
-      if (b != kNoBucket)
-        for (; i < pairs.n && pairs.key(i) <= hi; ++i) record_hit(p.results, s, pairs.row(i), q);
-      write_result(p.results, s, q);
-    }
-  }
-}
-
-// Lanes per query for a bucket size: a bucket's pairs, or a slice's representative words (4 to 8 on average),
-// in one round.
-int radix_tile_lanes(uint32_t bucket_size) {
-  if (const char* v = std::getenv("RTINDEX_CGRX_TILE")) return std::atoi(v);  // TODO(measurement): remove
-  return bucket_size <= 8 ? 8 : (bucket_size <= 16 ? 16 : 32);
-}
-
-void launch_radix_tiles(const LaunchParams& p) {
-  const int g = radix_tile_lanes(p.storage.pairs.bucket_size);
-  const unsigned blocks = grid_for(static_cast<int64_t>(p.num_queries) * std::max(g, 1));
-  switch (g) {
-    case 4: radix_tile_kernel<4><<<blocks, kBlock, 0, current_stream()>>>(p); break;
-    case 8: radix_tile_kernel<8><<<blocks, kBlock, 0, current_stream()>>>(p); break;
-    case 16: radix_tile_kernel<16><<<blocks, kBlock, 0, current_stream()>>>(p); break;
-    case 32: radix_tile_kernel<32><<<blocks, kBlock, 0, current_stream()>>>(p); break;
-    default: search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p); break;
-  }
-}
-
 // OptiX parameters are written on the stream (graph-capturable) with the handle and the scene shape read on
 // the device, so a lookup never waits for the host.
 __global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
@@ -261,11 +177,6 @@ struct Launch {
   void run(ResultMode mode) {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
-    if (static_cast<Backend>(p.backend) == Backend::Radix && !p.storage.use_nodes && p.num_reps > 0) {
-      launch_radix_tiles(p);
-      RTX_CHECK_LAUNCH();
-      return;
-    }
     if (static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
       search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
       RTX_CHECK_LAUNCH();
