@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
+    ap.add_argument("--layout", default="packed_row", help="layout of the main runs (every backend and bucket size)")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
     ap.add_argument("--range-hits", default="4,64", help="hits per range lookup (ranges over dense keys)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
@@ -96,7 +97,7 @@ def main() -> None:
         result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
         del ht
 
-    configs = [(backend, b, "packed_row", "binary") for backend in args.backends.split(",")
+    configs = [(backend, b, args.layout, "binary") for backend in args.backends.split(",")
                for b in [int(x) for x in args.bucket_sizes.split(",")]]
     configs += [("radix", 16, *v.split("/")) for v in args.variants.split(",") if v]
     for backend, b, layout, search in configs:
