@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "cache_hints.h"
+
 namespace rtindex {
 
 enum class ResultMode : uint32_t {
@@ -57,7 +59,7 @@ __device__ __forceinline__ void record_hit(const ResultParams& r, HitState& s, u
   if (mode == ResultMode::Fill) {
     const long long at = r.offsets[q] + s.count;
     // Both passes see the same matches; never past the query's end, nor past the buffer of a capped result.
-    if (at < r.offsets[q + 1] && at < r.capacity) r.rows[at] = row;
+    if (at < r.offsets[q + 1] && at < r.capacity) store_once(r.rows + at, static_cast<int64_t>(row));
   } else if (mode == ResultMode::Aggregate) {
     add_value(r, s, row);
   }
@@ -67,14 +69,14 @@ __device__ __forceinline__ void record_hit(const ResultParams& r, HitState& s, u
 
 __device__ __forceinline__ void write_result(const ResultParams& r, const HitState& s, unsigned long long q) {
   const ResultMode mode = static_cast<ResultMode>(r.mode);
-  if (mode == ResultMode::First) r.first_row[q] = s.count ? static_cast<int64_t>(s.first) : -1;
-  if (mode != ResultMode::Fill) r.count[q] = s.count;
+  if (mode == ResultMode::First) store_once(r.first_row + q, s.count ? static_cast<int64_t>(s.first) : int64_t(-1));
+  if (mode != ResultMode::Fill) store_once(r.count + q, static_cast<int64_t>(s.count));
   if (mode == ResultMode::Aggregate) {
     const unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;
     if (r.value_kind == static_cast<uint32_t>(ValueKind::Float32) || r.value_kind == static_cast<uint32_t>(ValueKind::Float64))
-      static_cast<double*>(r.sums)[q] = __longlong_as_double(bits);
+      store_once(static_cast<double*>(r.sums) + q, __longlong_as_double(bits));
     else
-      static_cast<long long*>(r.sums)[q] = static_cast<long long>(bits);
+      store_once(static_cast<long long*>(r.sums) + q, static_cast<long long>(bits));
   }
 }
 #endif
