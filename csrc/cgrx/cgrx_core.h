@@ -58,25 +58,20 @@ struct Pairs {
   uint32_t bucket_size;
   uint32_t linear_search;  // 0: binary search in the bucket (default), 1: linear scan
 
-  // A 12-byte pair's key: two 4-byte-aligned words. Pairs are read evict-first (cache_hints.h).
-  RTX_HD static uint64_t join_words(const uint32_t* w) {
-    return uint64_t(load_once(w)) | (uint64_t(load_once(w + 1)) << 32);
-  }
-
   RTX_HD uint64_t key(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return join_words(data + 3 * i);
-      case Layout::AlignedRow: return load_once(reinterpret_cast<const uint64_t*>(data) + 2 * i);
-      case Layout::PackedRowWords: return join_words(data + n + 3 * i);
-      default: return load_once(reinterpret_cast<const uint64_t*>(data) + i);
+      case Layout::PackedRow: return uint64_t(data[3 * i]) | (uint64_t(data[3 * i + 1]) << 32);
+      case Layout::AlignedRow: return reinterpret_cast<const uint64_t*>(data)[2 * i];
+      case Layout::PackedRowWords: return uint64_t(data[n + 3 * i]) | (uint64_t(data[n + 3 * i + 1]) << 32);
+      default: return reinterpret_cast<const uint64_t*>(data)[i];
     }
   }
   RTX_HD uint32_t row(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return load_once(data + 3 * i + 2);
-      case Layout::AlignedRow: return load_once(data + 4 * i + 2);
-      case Layout::PackedRowWords: return load_once(data + n + 3 * i + 2);
-      default: return load_once(data + 2 * n + i);
+      case Layout::PackedRow: return data[3 * i + 2];
+      case Layout::AlignedRow: return data[4 * i + 2];
+      case Layout::PackedRowWords: return data[n + 3 * i + 2];
+      default: return data[2 * n + i];
     }
   }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
@@ -105,12 +100,12 @@ struct Pairs {
     const KeyWords word(first, key(n - 1));
     const uint32_t w = word(k);
     if (linear_search) {
-      while (lo < hi && load_once(data + lo) < w) ++lo;
+      while (lo < hi && data[lo] < w) ++lo;
     } else {
       uint64_t top = hi;
       while (lo < top) {
         const uint64_t mid = (lo + top) >> 1;
-        if (load_once(data + mid) < w) lo = mid + 1; else top = mid;
+        if (data[mid] < w) lo = mid + 1; else top = mid;
       }
     }
     if (word.shift == 0 || lo >= hi || key(lo) >= k) return lo;
@@ -221,8 +216,8 @@ struct RadixTable {
   // The slice of k as a range [begin, end) of representatives; the first one >= k lies in [begin, end].
   RTX_HD void slice(uint64_t k, uint64_t first, uint64_t& begin, uint64_t& end) const {
     const uint64_t j = shift >= 64 ? 0 : (k - first) >> shift;
-    begin = entries[j];
-    end = entries[j + 1];
+    begin = load_resident(entries + j);
+    end = load_resident(entries + j + 1);
   }
   // Whether cutting offsets to 32 bits lost any (then equal words need the exact representatives).
   RTX_HD bool cut() const { return shift > 32; }
@@ -237,7 +232,7 @@ RTX_HD uint64_t radix_lower_bound(const uint64_t* reps, const int32_t* table, ui
   const uint32_t w = radix_word(k, reps[0], t.shift);
   while (lo < hi) {
     const uint64_t mid = (lo + hi) >> 1;
-    if (t.words[mid] < w) lo = mid + 1; else hi = mid;
+    if (load_resident(t.words + mid) < w) lo = mid + 1; else hi = mid;
   }
   if (t.cut() && lo < end && t.words[lo] == w) return reps_lower_bound_in(reps, lo, end, k);
   return lo;

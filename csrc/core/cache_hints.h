@@ -1,7 +1,8 @@
-// Loads and stores of data a lookup touches once: the bucket's pairs, the queries, the answers. On the GPU they
-// are cached evict-first in L1 and L2 (ld.global.cs / st.global.cs), so that a batch of random lookups does not
-// push out of L2 the small search structures every lookup reads (the radix table and the representatives'
-// words: measured on an H100 without hints, most of their reads missed L2 and went to device memory).
+// Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
+// (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and the
+// representatives' words) is read evict-last in L2, so that a batch of random bucket reads does not push it
+// out (ncu on an H100 without hints: most of its reads missed L2). The bucket's pairs keep the default: a
+// binary search reads the same line several times (evict-first there doubled the device-memory bytes).
 #pragma once
 
 #include "keys.h"
@@ -23,6 +24,20 @@ RTX_HD void store_once(T* p, T v) {
   __stcs(p, v);
 #else
   *p = v;
+#endif
+}
+
+// A read-only 32-bit load kept in L2 with evict-last priority.
+RTX_HD uint32_t load_resident(const uint32_t* p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t v;
+  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
+      "ld.global.nc.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
+      : "=r"(v)
+      : "l"(p));
+  return v;
+#else
+  return *p;
 #endif
 }
 
