@@ -182,7 +182,6 @@ CGRX_CONFIGS = [
     ("int64", {}),
     ("uint64", {"key_type": "uint64", "backend": "binary_search"}),
     ("float32", {"bucket_size": 4, "layout": "column", "bucket_search": "linear"}),
-    ("uint64", {"key_type": "uint64", "bucket_size": 8, "layout": "packed_row_words"}),
     ("int32", {"backend": "optix", "representation": "naive", "layout": "aligned_row", "scene": SceneConfig(22, 21, 21)}),
 ]
 

@@ -29,7 +29,7 @@ from ._keys import resolve_key_type
 from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
-LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2, "packed_row_words": 4}
+LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2}
 BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
 BUCKET_SEARCHES = ("binary", "linear")
 REPRESENTATIONS = {"naive": 0, "optimized": 1}
@@ -56,9 +56,7 @@ class CgRXIndex(IndexBase):
             duplicates allowed, NaN not, at most 2^32 - 1 keys.
         key_type: as for :class:`RXIndex` (``"uint64"`` reads int64 storage as unsigned).
         bucket_size: key/rowID pairs per bucket (default 16, the paper's recommendation).
-        layout: ``"packed_row"`` (12 bytes per pair, default), ``"aligned_row"`` (16), ``"column"`` or
-            ``"packed_row_words"`` (16: packed rows plus a 32-bit search word per key, which a bucket search
-            reads instead of the pairs: fewer bytes from device memory per lookup).
+        layout: ``"packed_row"`` (12 bytes per pair, default), ``"aligned_row"`` (16) or ``"column"``.
         bucket_search: ``"binary"`` (default) or ``"linear"``.
         backend: ``"auto"`` (default), ``"radix"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).

@@ -12,13 +12,12 @@ namespace rtindex::cgrx {
 enum class Backend : int64_t { Radix = 0, OptiX = 1, BinarySearch = 2 };
 
 inline Layout layout_from_int(int64_t v) {
-  TORCH_CHECK(v >= 0 && v <= 4,
-              "layout must be 0 (packed row), 1 (aligned row), 2 (column), 3 (nodes) or 4 (packed row with words), got ", v);
+  TORCH_CHECK(v >= 0 && v <= 3, "layout must be 0 (packed row), 1 (aligned row), 2 (column) or 3 (nodes), got ", v);
   return static_cast<Layout>(v);
 }
 
 inline int64_t num_pairs(const at::Tensor& pairs, Layout l) {
-  return pairs.numel() / (l == Layout::AlignedRow || l == Layout::PackedRowWords ? 4 : 3);
+  return pairs.numel() / (l == Layout::AlignedRow ? 4 : 3);
 }
 
 struct IndexArgs {

@@ -11,44 +11,17 @@
 
 namespace rtindex::cgrx {
 
-RTX_HD int bit_length(uint64_t v) {
-#if defined(__CUDA_ARCH__)
-  return 64 - __clzll(static_cast<long long>(v));
-#else
-  return v ? 64 - __builtin_clzll(v) : 0;
-#endif
-}
-
-// How the sorted (key, rowID) pairs sit in memory; all of them live in one int32 tensor.
+// How the sorted (key, rowID) pairs sit in memory; all three live in one int32 tensor.
 enum class Layout : uint32_t {
   PackedRow = 0,   // 12 bytes per pair: key low word, key high word, rowID (the paper's choice)
   AlignedRow = 1,  // 16 bytes per pair: 64-bit key, rowID, padding
   Column = 2,      // all keys (8 bytes each), then all rowIDs (4 bytes each)
   Nodes = 3,       // updatable: chains of fixed-size nodes per bucket (cgrx_nodes.h)
-  // 16 bytes per pair: one 32-bit search word per key (key_words below), then the pairs as in PackedRow. A
-  // bucket's search reads its words (64 bytes at B = 16) and then one pair, instead of probing 12-byte pairs
-  // spread over 192 bytes: fewer sectors from device memory per lookup, which is what bounds lookups on a GPU
-  // without RT cores (the hash table reads 151 B per lookup from device memory, packed rows 211 B: ncu on an H100).
-  PackedRowWords = 4,
 };
 
 RTX_HD int64_t layout_words(Layout l, int64_t n) {  // int32 words the pairs take
-  return l == Layout::AlignedRow || l == Layout::PackedRowWords ? 4 * n : 3 * n;
+  return l == Layout::AlignedRow ? 4 * n : 3 * n;
 }
-
-// A key's search word: its offset from the smallest key, cut to the top 32 bits of the keys' span. Words are
-// ordered like the keys (not strictly: keys closer than 2^shift may share one); exact when the span fits in
-// 32 bits.
-struct KeyWords {
-  uint64_t first;
-  int shift;
-
-  RTX_HD KeyWords(uint64_t first_key, uint64_t last_key) : first(first_key) {
-    const int bits = bit_length(last_key - first_key);
-    shift = bits > 32 ? bits - 32 : 0;
-  }
-  RTX_HD uint32_t operator()(uint64_t k) const { return static_cast<uint32_t>((k - first) >> shift); }
-};
 
 // Read-only view of the sorted pairs, with the bucket size and search method.
 struct Pairs {
@@ -62,7 +35,6 @@ struct Pairs {
     switch (static_cast<Layout>(layout)) {
       case Layout::PackedRow: return uint64_t(data[3 * i]) | (uint64_t(data[3 * i + 1]) << 32);
       case Layout::AlignedRow: return reinterpret_cast<const uint64_t*>(data)[2 * i];
-      case Layout::PackedRowWords: return uint64_t(data[n + 3 * i]) | (uint64_t(data[n + 3 * i + 1]) << 32);
       default: return reinterpret_cast<const uint64_t*>(data)[i];
     }
   }
@@ -70,7 +42,6 @@ struct Pairs {
     switch (static_cast<Layout>(layout)) {
       case Layout::PackedRow: return data[3 * i + 2];
       case Layout::AlignedRow: return data[4 * i + 2];
-      case Layout::PackedRowWords: return data[n + 3 * i + 2];
       default: return data[2 * n + i];
     }
   }
@@ -80,7 +51,6 @@ struct Pairs {
   RTX_HD uint64_t search_bucket(uint64_t b, uint64_t k) const {
     uint64_t lo = b * bucket_size;
     uint64_t hi = lo + bucket_size < n ? lo + bucket_size : n;
-    if (static_cast<Layout>(layout) == Layout::PackedRowWords) return search_words(lo, hi, k);
     if (linear_search) {
       while (lo < hi && key(lo) < k) ++lo;
       return lo;
@@ -91,43 +61,16 @@ struct Pairs {
     }
     return lo;
   }
-
-  // The same over the search words: every key before the first word >= word(k) is < k; from there on, where
-  // the cut made words tie, the keys decide (usually the one key the lookup reads next anyway).
-  RTX_HD uint64_t search_words(uint64_t lo, uint64_t hi, uint64_t k) const {
-    const uint64_t first = key(0);
-    if (k <= first) return lo;
-    const KeyWords word(first, key(n - 1));
-    const uint32_t w = word(k);
-    if (linear_search) {
-      while (lo < hi && data[lo] < w) ++lo;
-    } else {
-      uint64_t top = hi;
-      while (lo < top) {
-        const uint64_t mid = (lo + top) >> 1;
-        if (data[mid] < w) lo = mid + 1; else top = mid;
-      }
-    }
-    if (word.shift == 0 || lo >= hi || key(lo) >= k) return lo;
-    for (++lo; lo < hi;) {  // binary search over the keys after a tie
-      const uint64_t mid = (lo + hi) >> 1;
-      if (key(mid) < k) lo = mid + 1; else hi = mid;
-    }
-    return lo;
-  }
 };
 
-// Stores pair i (used by the builds). PackedRowWords also needs store_key_word once every pair is stored.
+// Stores pair i (used by the builds).
 RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_t key, uint32_t row) {
   switch (l) {
     case Layout::PackedRow:
-    case Layout::PackedRowWords: {
-      uint32_t* pair = data + (l == Layout::PackedRowWords ? n : 0) + 3 * i;
-      pair[0] = static_cast<uint32_t>(key);
-      pair[1] = static_cast<uint32_t>(key >> 32);
-      pair[2] = row;
+      data[3 * i] = static_cast<uint32_t>(key);
+      data[3 * i + 1] = static_cast<uint32_t>(key >> 32);
+      data[3 * i + 2] = row;
       break;
-    }
     case Layout::AlignedRow:
       reinterpret_cast<uint64_t*>(data)[2 * i] = key;
       data[4 * i + 2] = row;
@@ -140,15 +83,11 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
   }
 }
 
-RTX_HD void store_key_word(uint32_t* data, uint64_t n, uint64_t i) {
-  const Pairs p{data, n, static_cast<uint32_t>(Layout::PackedRowWords), 1, 0};
-  data[i] = KeyWords(p.key(0), p.key(n - 1))(p.key(i));
-}
-
 // ---- The radix table over the representatives (for GPUs without RT cores) -------------------------------
-// Finding "the first representative >= key" must not cost a trip to device memory: the bucket read that follows
-// already does. So the search structure is sized for L2 and never touches the 64-bit representatives on the
-// way (measured on an H100: reading them, 8 bytes each, from device memory cost about as much as the bucket):
+// Finding "the first representative >= key" should not cost a trip to device memory: the bucket read that
+// follows already does. So the search structure is sized for L2 and does not touch the 64-bit representatives
+// on the way (on an H100, 2^26 keys, B = 16: 23.1 ms for 2^27 lookups through a table over the representatives
+// themselves, 18.0 ms through the words below):
 //   - 2^R + 1 entries split the representatives' key range [first, last] into 2^R equal slices of 2^shift keys:
 //     entry j is the index of the first representative >= first + j * 2^shift. R is about log2(#reps) - 3, so
 //     a slice holds about 4 to 8 representatives (one 32-byte sector of the array below);
@@ -170,6 +109,14 @@ inline int radix_log2_slots(uint64_t num_reps) {
 inline int64_t radix_table_words(uint64_t num_reps) {
   if (num_reps == 0) return kRadixHeaderWords;
   return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1 + static_cast<int64_t>(num_reps);
+}
+
+RTX_HD int bit_length(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return 64 - __clzll(static_cast<long long>(v));
+#else
+  return v ? 64 - __builtin_clzll(v) : 0;
+#endif
 }
 
 // The slice width (as a shift) for representatives spanning [first, last] in 2^r slices.

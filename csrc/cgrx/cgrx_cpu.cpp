@@ -28,8 +28,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
   uint32_t* data = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
   for (int64_t i = 0; i < n; ++i) store_pair(data, n, l, i, k[order[i]], static_cast<uint32_t>(order[i]));
-  if (l == Layout::PackedRowWords)
-    for (int64_t i = 0; i < n; ++i) store_key_word(data, static_cast<uint64_t>(n), static_cast<uint64_t>(i));
   const uint64_t m = (n + bucket_size - 1) / bucket_size;
   at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
   uint64_t* r = reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>());

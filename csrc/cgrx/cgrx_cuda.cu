@@ -27,11 +27,6 @@ __global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int6
     store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
 }
 
-__global__ void key_words_kernel(uint32_t* pairs, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    store_key_word(pairs, n, i);
-}
-
 __global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t bucket_size, uint64_t* reps, int64_t m) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x) {
     const int64_t last = (b + 1) * bucket_size < n ? (b + 1) * bucket_size : n;
@@ -60,10 +55,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
         reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), order.data_ptr<int64_t>(),
         reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n, l);
     RTX_CHECK_LAUNCH();
-    if (l == Layout::PackedRowWords) {
-      key_words_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n);
-      RTX_CHECK_LAUNCH();
-    }
   }
   const uint64_t m = (n + bucket_size - 1) / bucket_size;
   at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
