@@ -9,9 +9,10 @@ duplicates and ranges. Finding that bucket is pluggable:
   alone in their row are flipped (seen as back faces); one ray where the key's row holds a representative,
   about two on sparse 64-bit keys, never more rays than ``"naive"`` on average in our measurements, and a third
   to almost half fewer triangles on sparse keys; ``"naive"`` (§3.2) adds row and plane markers at x = -1 instead, up to three rays;
-- ``"radix"``: a radix table over the representatives' key range narrows the search to about one
-  representative, read from L2 with the table (a few bytes per representative); the default where the GPU has
-  no RT cores (A100, H100, H200, B200) and on the CPU;
+- ``"radix"``: a table over the representatives' key range narrows the search to a slice of about 4 to 8
+  representatives, compared as 32-bit words (their offsets inside the slice) read from L2 with the table
+  (about 4.5 bytes per representative); the default where the GPU has no RT cores (A100, H100, H200, B200)
+  and on the CPU;
 - ``"binary_search"``: plain binary search over the representatives (the reference).
 
 Every backend gives identical answers. The ``"radix"`` and ``"binary_search"`` backends are plain CUDA kernels
