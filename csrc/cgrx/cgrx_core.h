@@ -106,9 +106,14 @@ inline int radix_log2_slots(uint64_t num_reps) {
   return r;
 }
 
+// The representatives' words: the offset's top bits, as many as fit.
+using RadixWord = uint16_t;
+constexpr int kRadixWordBits = 16;
+
 inline int64_t radix_table_words(uint64_t num_reps) {
   if (num_reps == 0) return kRadixHeaderWords;
-  return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1 + static_cast<int64_t>(num_reps);
+  const int64_t word_space = (static_cast<int64_t>(num_reps) * sizeof(RadixWord) + 3) / 4;
+  return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1 + word_space;
 }
 
 RTX_HD int bit_length(uint64_t v) {
@@ -126,9 +131,9 @@ RTX_HD int radix_shift(uint64_t first, uint64_t last, int r) {
 }
 
 // A key's 32-bit word: its offset inside its slice, cut to the top 32 bits. Exact when shift <= 32.
-RTX_HD uint32_t radix_word(uint64_t k, uint64_t first, int shift) {
+RTX_HD RadixWord radix_word(uint64_t k, uint64_t first, int shift) {
   const uint64_t offset = shift >= 64 ? k - first : (k - first) & ((uint64_t(1) << shift) - 1);
-  return static_cast<uint32_t>(shift > 32 ? offset >> (shift - 32) : offset);
+  return static_cast<RadixWord>(shift > kRadixWordBits ? offset >> (shift - kRadixWordBits) : offset);
 }
 
 RTX_HD uint64_t reps_lower_bound_in(const uint64_t* reps, uint64_t lo, uint64_t hi, uint64_t k) {
@@ -152,12 +157,12 @@ RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, 
 struct RadixTable {
   int shift;
   const uint32_t* entries;  // 2^R + 1
-  const uint32_t* words;    // one per representative
+  const RadixWord* words;   // one per representative
 
   RTX_HD RadixTable(const int32_t* table, int log2_slots)
       : shift(table[0]),
         entries(reinterpret_cast<const uint32_t*>(table + kRadixHeaderWords)),
-        words(entries + (uint64_t(1) << log2_slots) + 1) {}
+        words(reinterpret_cast<const RadixWord*>(entries + (uint64_t(1) << log2_slots) + 1)) {}
   RTX_HD explicit RadixTable(const int32_t* table) : RadixTable(table, table[1]) {}
 
   // The slice of k as a range [begin, end) of representatives; the first one >= k lies in [begin, end].
@@ -166,8 +171,8 @@ struct RadixTable {
     begin = load_resident(entries + j);
     end = load_resident(entries + j + 1);
   }
-  // Whether cutting offsets to 32 bits lost any (then equal words need the exact representatives).
-  RTX_HD bool cut() const { return shift > 32; }
+  // Whether cutting offsets to words lost bits (then equal words need the exact representatives).
+  RTX_HD bool cut() const { return shift > kRadixWordBits; }
 };
 
 // Index of the first representative >= k, for reps[0] < k <= reps[m - 1].
@@ -176,7 +181,7 @@ RTX_HD uint64_t radix_lower_bound(const uint64_t* reps, const int32_t* table, ui
   uint64_t lo, hi;
   t.slice(k, reps[0], lo, hi);
   const uint64_t end = hi;
-  const uint32_t w = radix_word(k, reps[0], t.shift);
+  const RadixWord w = radix_word(k, reps[0], t.shift);
   while (lo < hi) {
     const uint64_t mid = (lo + hi) >> 1;
     if (load_resident(t.words + mid) < w) lo = mid + 1; else hi = mid;

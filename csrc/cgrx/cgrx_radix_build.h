@@ -24,7 +24,7 @@ inline at::Tensor build_radix_table_cpu(const at::Tensor& reps) {
   at::parallel_for(0, slots, 4096, [&](int64_t b, int64_t e) {
     for (int64_t j = b; j < e; ++j) entries[j] = radix_entry(r, m, bits, shift, static_cast<uint64_t>(j));
   });
-  uint32_t* words = entries + slots;
+  RadixWord* words = reinterpret_cast<RadixWord*>(entries + slots);
   at::parallel_for(0, static_cast<int64_t>(m), 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) words[i] = radix_word(r[i], r[0], shift);
   });
@@ -43,7 +43,7 @@ static __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int 
   const uint64_t slots = (uint64_t(1) << bits) + 1;
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
     entries[j] = radix_entry(reps, m, bits, shift, j);
-  uint32_t* words = entries + slots;
+  RadixWord* words = reinterpret_cast<RadixWord*>(entries + slots);
   for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < m; i += uint64_t(gridDim.x) * blockDim.x)
     words[i] = radix_word(reps[i], reps[0], shift);
 }

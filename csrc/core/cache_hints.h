@@ -27,13 +27,26 @@ RTX_HD void store_once(T* p, T v) {
 #endif
 }
 
-// A read-only 32-bit load kept in L2 with evict-last priority.
+// Read-only loads kept in L2 with evict-last priority.
 RTX_HD uint32_t load_resident(const uint32_t* p) {
 #if defined(__CUDA_ARCH__)
   uint32_t v;
   asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
       "ld.global.nc.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
       : "=r"(v)
+      : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
+RTX_HD uint16_t load_resident(const uint16_t* p) {
+#if defined(__CUDA_ARCH__)
+  uint16_t v;
+  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
+      "ld.global.nc.L2::cache_hint.u16 %0, [%1], policy;\n\t}"
+      : "=h"(v)
       : "l"(p));
   return v;
 #else
