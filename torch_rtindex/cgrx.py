@@ -10,8 +10,8 @@ duplicates and ranges. Finding that bucket is pluggable:
   about two on sparse 64-bit keys, never more rays than ``"naive"`` on average in our measurements, and a third
   to almost half fewer triangles on sparse keys; ``"naive"`` (§3.2) adds row and plane markers at x = -1 instead, up to three rays;
 - ``"radix"``: a table over the representatives' key range narrows the search to a slice of about 4 to 8
-  representatives, compared as 32-bit words (their offsets inside the slice) read from L2 with the table
-  (about 4.5 bytes per representative); the default where the GPU has no RT cores (A100, H100, H200, B200)
+  representatives, compared as 16-bit words (their offsets inside the slice) read from L2 with the table
+  (about 2.5 bytes per representative); the default where the GPU has no RT cores (A100, H100, H200, B200)
   and on the CPU;
 - ``"binary_search"``: plain binary search over the representatives (the reference).
 

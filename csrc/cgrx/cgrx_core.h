@@ -85,18 +85,20 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
 
 // ---- The radix table over the representatives (for GPUs without RT cores) -------------------------------
 // Finding "the first representative >= key" should not cost a trip to device memory: the bucket read that
-// follows already does. So the search structure is sized for L2 and does not touch the 64-bit representatives
-// on the way (on an H100, 2^26 keys, B = 16: 23.1 ms for 2^27 lookups through a table over the representatives
-// themselves, 18.0 ms through the words below):
+// follows already does. So the search structure is sized to stay in L2 and does not touch the 64-bit
+// representatives on the way:
 //   - 2^R + 1 entries split the representatives' key range [first, last] into 2^R equal slices of 2^shift keys:
 //     entry j is the index of the first representative >= first + j * 2^shift. R is about log2(#reps) - 3, so
-//     a slice holds about 4 to 8 representatives (one 32-byte sector of the array below);
-//   - one 32-bit word per representative: its offset inside its own slice, cut to the top 32 bits. Inside a
+//     a slice holds about 4 to 8 representatives (16 bytes of the array below);
+//   - one 16-bit word per representative: its offset inside its own slice, cut to the top 16 bits. Inside a
 //     slice these words are ordered like the representatives, so a key's slice and its own word give the
 //     answer by comparing words only, except where the cut dropped bits and a word equals the key's word:
-//     then the exact representatives decide (for 64-bit uniform keys, about one lookup in 2^13).
+//     then the exact representatives decide (uniform 64-bit keys: about one lookup in 2^13).
 // Skewed keys make some slices wide; the search inside a slice bounds the cost by log2 of its width.
-// Layout (int32 words): [shift, R, entry 0 .. entry 2^R, word of representative 0 .. m - 1].
+// Measured on an H100 (2^26 uniform 64-bit keys, B = 16, 2^27 lookups): a table over the 64-bit representatives
+// themselves 23.2 ms; 32-bit words (18 MB in all) 17.6 ms, with most of their reads still missing L2; 16-bit
+// words (10 MB) 14.2 ms, leaving the bucket as nearly all of the 164 bytes a lookup reads from device memory.
+// Layout (int32 words): [shift, R, entry 0 .. entry 2^R, words of representatives 0 .. m - 1, 2 per int32].
 constexpr int kRadixHeaderWords = 2;
 constexpr int kRadixRepsPerSlice = 3;  // log2 of the representatives a slice holds on average (4 .. 8)
 
@@ -130,7 +132,7 @@ RTX_HD int radix_shift(uint64_t first, uint64_t last, int r) {
   return bits > r ? bits - r : 0;
 }
 
-// A key's 32-bit word: its offset inside its slice, cut to the top 32 bits. Exact when shift <= 32.
+// A key's word: its offset inside its slice, cut to the word's width. Exact when shift <= kRadixWordBits.
 RTX_HD RadixWord radix_word(uint64_t k, uint64_t first, int shift) {
   const uint64_t offset = shift >= 64 ? k - first : (k - first) & ((uint64_t(1) << shift) - 1);
   return static_cast<RadixWord>(shift > kRadixWordBits ? offset >> (shift - kRadixWordBits) : offset);
