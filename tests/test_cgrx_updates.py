@@ -189,3 +189,18 @@ def test_insert_and_delete_of_one_pair_cancel(device):
     res = index.update(insert_keys=torch.tensor([7, 8], device=device), delete_keys=torch.tensor([7, 100], device=device))
     assert (res.inserted, res.deleted, res.absent) == (2, 2, 1)
     assert index.lookup(torch.tensor([7, 8], device=device)).count.cpu().tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("node_size", [2, 4, 32])
+def test_delete_by_key_counts_repeated_and_absent_keys(device, node_size):
+    """A batch of deletions by key only: the plan counts what it found. A key named twice is found twice
+    (absent counts entries whose key is absent), also where the repeats come after the bucket's last pair."""
+    keys = torch.tensor([3, 3, 5, 9, 9, 9, 12, 20, 20, 31], device=device)
+    index = UpdatableCgRXIndex(keys, node_size=node_size)
+    res = index.delete(torch.tensor([9, 9, 4, 31, 31, 31, 3, 40, 40], device=device))
+    assert (res.inserted, res.deleted, res.absent) == (0, 6, 3)
+    assert index.lookup(torch.tensor([3, 5, 9, 12, 20, 31], device=device)).count.cpu().tolist() == [0, 1, 0, 1, 2, 0]
+    res = index.delete(torch.tensor([20, 20, 5, 5, 7], device=device))
+    assert (res.deleted, res.absent) == (3, 1) and len(index) == 1
+    res = index.delete(torch.tensor([12, 12], device=device))
+    assert (res.deleted, res.absent) == (1, 0) and len(index) == 0

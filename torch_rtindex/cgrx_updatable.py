@@ -245,11 +245,11 @@ class UpdatableCgRXIndex(CgRXIndex):
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
         found_by_key, cancelled = None, 0
-        if dr is None and dk.numel():
-            # Deletion by key: an entry is absent if its key is in neither the index nor the insertions.
-            found_by_key = self._present(dk)
-            if ik.numel():
-                found_by_key |= torch.isin(dk, ik)
+        if dr is None and dk.numel() and ik.numel():
+            # Deletion by key next to insertions: an entry is absent if its key is in neither the index nor the
+            # insertions (cancellation removes the latter before the plan sees them). Without insertions the
+            # plan counts the entries whose key it found.
+            found_by_key = self._present(dk) | torch.isin(dk, ik)
         if ik.numel() and dk.numel():  # nothing cancels in a batch of insertions only or deletions only
             if dr is not None:
                 keep_ins, keep_del = self._cancel_pairs(ik, ir, dk, dr)
@@ -282,7 +282,9 @@ class UpdatableCgRXIndex(CgRXIndex):
         self._pairs = nodes
         self._used = need
         self._n += n_ins - removed
-        if insert_rows.numel():
+        if fresh_rows:
+            self._next_row += n_ins
+        elif insert_rows.numel():
             self._next_row = max(self._next_row, int(insert_rows.max()) + 1)
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=insert_rows)
 

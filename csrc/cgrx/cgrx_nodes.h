@@ -74,12 +74,27 @@ struct BucketBatch {
 RTX_HD bool pair_less(uint64_t ka, uint32_t ra, uint64_t kb, uint32_t rb) { return ka < kb || (ka == kb && ra < rb); }
 
 // Walks deletions against a sorted chain: for each pair, whether it is deleted. `found` counts the
-// deletion entries that removed at least one pair (the rest name absent pairs: no-ops, reported).
+// deletion entries that removed at least one pair, or (by key) whose key did: a key named twice is found
+// twice. The rest name absent pairs: no-ops, reported.
 struct DeleteMatcher {
   BucketBatch batch;
   uint64_t d = 0;
   uint64_t found = 0;
   bool current_found = false;
+  bool any_found = false;
+  uint64_t last_found = 0;  // by key: the last key that removed pairs
+
+  // Done with deletion d: was it (or, by key, the same key named earlier) found?
+  RTX_HD void advance() {
+    const bool by_key = batch.del_rows == nullptr;
+    if (current_found) {
+      any_found = true;
+      last_found = batch.del_keys[d];
+    }
+    found += current_found || (by_key && any_found && batch.del_keys[d] == last_found);
+    current_found = false;
+    ++d;
+  }
 
   RTX_HD bool deletes(uint64_t k, uint32_t r) {
     while (d < batch.del_count) {
@@ -87,9 +102,7 @@ struct DeleteMatcher {
       const bool by_key = batch.del_rows == nullptr;
       const uint32_t dr = by_key ? 0u : batch.del_rows[d];
       if (by_key ? dk < k : pair_less(dk, dr, k, r)) {  // this deletion is behind the chain: done with it
-        found += current_found;
-        current_found = false;
-        ++d;
+        advance();
         continue;
       }
       const bool hit = by_key ? dk == k : (dk == k && dr == r);
@@ -106,9 +119,10 @@ struct DeleteMatcher {
   }
   // Whether no deletion can touch a node whose largest key is `last` (all deletions left are beyond it).
   RTX_HD bool passes_over(uint64_t last) const { return d >= batch.del_count || batch.del_keys[d] > last; }
+  // After the chain: the deletion in progress, and by key the repeats of a found key after it.
   RTX_HD uint64_t finish() {
-    found += current_found;
-    current_found = false;
+    if (current_found) advance();
+    while (batch.del_rows == nullptr && any_found && d < batch.del_count && batch.del_keys[d] == last_found) advance();
     return found;
   }
 };
