@@ -204,3 +204,13 @@ def test_delete_by_key_counts_repeated_and_absent_keys(device, node_size):
     assert (res.deleted, res.absent) == (3, 1) and len(index) == 1
     res = index.delete(torch.tensor([12, 12], device=device))
     assert (res.deleted, res.absent) == (1, 0) and len(index) == 0
+
+
+def test_row_ids_above_2_31_keep_their_order_through_a_rebuild(device):
+    """Row IDs go up to 2^32 - 2 in int32 storage: the bulk load sorts them as unsigned, like every update."""
+    index = UpdatableCgRXIndex(torch.tensor([5], device=device), node_size=4)
+    index.insert(torch.tensor([5, 5], device=device), rows=torch.tensor([2**32 - 2, 3], device=device))
+    index.rebuild()
+    res = index.delete(torch.tensor([5], device=device), rows=torch.tensor([3], device=device))
+    assert (res.deleted, res.absent) == (1, 0)
+    assert index.lookup_all(torch.tensor([5], device=device)).rows.cpu().tolist() == [0, 2**32 - 2]

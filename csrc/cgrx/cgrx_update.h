@@ -20,9 +20,10 @@ inline void check_node_size(int64_t node_size) {
               "node_size must be an even number in 2 .. 4096, got ", node_size);
 }
 
-// Sorts pairs by (unsigned key, row ID): row first, then a stable sort by key in unsigned order.
+// Sorts pairs by (unsigned key, unsigned row ID): row first, then a stable sort by key. Both in unsigned order
+// through a signed sort with the top bit flipped (row IDs go up to 2^32 - 2 in int32 storage).
 inline std::pair<at::Tensor, at::Tensor> sort_pairs(const at::Tensor& keys, const at::Tensor& rows) {
-  auto by_row = std::get<1>(at::sort(rows, /*stable=*/true, 0, false));
+  auto by_row = std::get<1>(at::sort(at::bitwise_xor(rows, std::numeric_limits<int32_t>::min()), /*stable=*/true, 0, false));
   at::Tensor k = keys.index_select(0, by_row), r = rows.index_select(0, by_row);
   auto by_key = std::get<1>(at::sort(at::bitwise_xor(k, kTopBit), /*stable=*/true, 0, false));
   return {k.index_select(0, by_key), r.index_select(0, by_key)};
