@@ -163,3 +163,10 @@ def test_bad_arguments(device):
         index.lookup(torch.tensor([1.0], device=device))
     assert index.lookup(torch.tensor([2], device=device)).first_row.cpu().tolist() == [1]
     assert "backend=" in repr(index) and set(index.memory()) == {"pairs", "representatives", "radix_table", "bvh"}
+
+
+def test_raw_build_refuses_the_node_layout(device):
+    """Layout 3 is the updatable index's node region: the sorted-pairs build and scene refuse it."""
+    keys = torch.tensor([1, 2, 3], device=device)
+    with pytest.raises(RuntimeError, match="layout 3"):
+        torch.ops.rtindex.cgrx_build(keys, 4, 3)

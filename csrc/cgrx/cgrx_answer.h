@@ -19,9 +19,8 @@ RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, u
                           Visit&& visit) {
   if (lo > hi || m == 0) return;
   if (st.use_nodes) {
-    // Updates may put keys above the last representative: they live in the last bucket.
-    uint64_t b = lo <= reps[0] ? 0 : (lo > reps[m - 1] ? m - 1 : find(lo));
-    if (b != kNoBucket) visit_nodes_from_bucket(st.nodes, clamp_bucket(b, m), lo, hi, visit);
+    const uint64_t b = node_bucket(reps, m, lo, find);
+    if (b != kNoBucket) visit_nodes_from_bucket(st.nodes, b, lo, hi, visit);
     return;
   }
   uint64_t b = trivial_bucket(st.pairs, reps, lo, hi);

@@ -6,6 +6,7 @@
 #include "../core/checks.h"
 #include "cgrx_answer.h"
 #include "cgrx_core.h"
+#include "cgrx_scene.h"
 
 namespace rtindex::cgrx {
 
@@ -16,8 +17,54 @@ inline Layout layout_from_int(int64_t v) {
   return static_cast<Layout>(v);
 }
 
+// The layouts of the read-only index's sorted pairs (cgrx_build, the optimized scene): not the node region.
+inline Layout pairs_layout_from_int(int64_t v) {
+  const Layout l = layout_from_int(v);
+  TORCH_CHECK(l != Layout::Nodes, "layout 3 (nodes) belongs to the updatable index (cgrx_nodes_load); the sorted "
+              "pairs take 0 (packed row), 1 (aligned row) or 2 (column)");
+  return l;
+}
+
+inline void check_bucket_size(int64_t bucket_size) {
+  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+}
+
+inline void check_pairs_tensor(const at::Tensor& pairs) {
+  TORCH_CHECK(pairs.dim() == 1 && pairs.scalar_type() == at::kInt && pairs.is_contiguous(),
+              "pairs must be the int32 tensor cgrx_build returned");
+}
+
 inline int64_t num_pairs(const at::Tensor& pairs, Layout l) {
   return pairs.numel() / (l == Layout::AlignedRow ? 4 : 3);
+}
+
+// The sorted pairs cgrx_build returned, checked: a whole number of pairs in layout l.
+inline Pairs pairs_view(const at::Tensor& pairs, Layout l, int64_t bucket_size, bool linear_search) {
+  check_pairs_tensor(pairs);
+  const int64_t n = num_pairs(pairs, l);
+  TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
+  return Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
+               static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
+}
+
+inline Representation representation_from_int(int64_t v) {
+  TORCH_CHECK(v == 0 || v == 1, "representation must be 0 (naive) or 1 (optimized), got ", v);
+  return static_cast<Representation>(v);
+}
+
+// The sorted keys the optimized representation reads (the key after each representative), checked against
+// the representatives; an empty view where the naive representation needs none.
+inline Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,
+                         const at::Tensor& reps, int64_t num_reps) {
+  if (r != Representation::Optimized) return Pairs{nullptr, 0, 0, 1, 0};
+  TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
+  const Layout l = pairs_layout_from_int(layout);
+  check_bucket_size(bucket_size);
+  check_pairs_tensor(*pairs);
+  check_same_device(reps, *pairs, "reps", "pairs");
+  const Pairs p = pairs_view(*pairs, l, bucket_size, false);
+  TORCH_CHECK(static_cast<int64_t>(p.num_buckets()) == num_reps, "num_reps does not match pairs and bucket_size");
+  return p;
 }
 
 struct IndexArgs {
@@ -33,10 +80,9 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
                             int64_t bucket_size, int64_t layout, bool linear_search, at::IntArrayRef scene,
                             int64_t backend) {
   const Layout l = layout_from_int(layout);
-  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  check_bucket_size(bucket_size);
   TORCH_CHECK(backend >= 0 && backend <= 2, "backend must be 0 (radix table), 1 (optix) or 2 (binary search)");
-  TORCH_CHECK(pairs.dim() == 1 && pairs.scalar_type() == at::kInt && pairs.is_contiguous(),
-              "pairs must be the int32 tensor cgrx_build returned");
+  check_pairs_tensor(pairs);
   TORCH_CHECK(reps.dim() == 1 && reps.scalar_type() == at::kLong && reps.is_contiguous(),
               "reps must be the int64 tensor cgrx_build returned");
   TORCH_CHECK(table.dim() == 1 && table.scalar_type() == at::kInt && table.is_contiguous(),
@@ -53,10 +99,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
                             a.num_reps};
     a.storage.use_nodes = true;
   } else {
-    const int64_t n = num_pairs(pairs, l);
-    TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
-    a.storage.pairs = Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
-                    static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
+    a.storage.pairs = pairs_view(pairs, l, bucket_size, linear_search);
     a.num_reps = a.storage.pairs.num_buckets();
     TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
   }

@@ -146,12 +146,13 @@ RTX_HD uint64_t reps_lower_bound_in(const uint64_t* reps, uint64_t lo, uint64_t 
   return lo;
 }
 
-// Entry j of the table (j in 0 .. 2^r) for m >= 1 representatives.
+// Entry j of the table (j in 0 .. 2^r) for m >= 1 representatives and shift = radix_shift(first, last, r):
+// for 0 < j < 2^r, j << shift < 2^64 (the span has at most r + shift bits), and shift < 64 (shift = 64 only
+// when r = 0, where no such j exists).
 RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, uint64_t j) {
   const uint64_t first = reps[0], span = reps[m - 1] - first;
   if (j == 0) return 0;
-  if (j >= (uint64_t(1) << r) || shift >= 64 || (j << shift) > span || ((j << shift) >> shift) != j)
-    return static_cast<uint32_t>(m);
+  if (j >= (uint64_t(1) << r) || (j << shift) > span) return static_cast<uint32_t>(m);
   return static_cast<uint32_t>(reps_lower_bound_in(reps, 0, m, first + (j << shift)));
 }
 
@@ -161,11 +162,10 @@ struct RadixTable {
   const uint32_t* entries;  // 2^R + 1
   const RadixWord* words;   // one per representative
 
-  RTX_HD RadixTable(const int32_t* table, int log2_slots)
+  RTX_HD explicit RadixTable(const int32_t* table)
       : shift(table[0]),
         entries(reinterpret_cast<const uint32_t*>(table + kRadixHeaderWords)),
-        words(reinterpret_cast<const RadixWord*>(entries + (uint64_t(1) << log2_slots) + 1)) {}
-  RTX_HD explicit RadixTable(const int32_t* table) : RadixTable(table, table[1]) {}
+        words(reinterpret_cast<const RadixWord*>(entries + (uint64_t(1) << table[1]) + 1)) {}
 
   // The slice of k as a range [begin, end) of representatives; the first one >= k lies in [begin, end].
   RTX_HD void slice(uint64_t k, uint64_t first, uint64_t& begin, uint64_t& end) const {
@@ -188,7 +188,7 @@ RTX_HD uint64_t radix_lower_bound(const uint64_t* reps, const int32_t* table, ui
     const uint64_t mid = (lo + hi) >> 1;
     if (load_resident(t.words + mid) < w) lo = mid + 1; else hi = mid;
   }
-  if (t.cut() && lo < end && t.words[lo] == w) return reps_lower_bound_in(reps, lo, end, k);
+  if (t.cut() && lo < end && load_resident(t.words + lo) == w) return reps_lower_bound_in(reps, lo, end, k);
   return lo;
 }
 

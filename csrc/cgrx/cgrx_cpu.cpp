@@ -18,8 +18,8 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
   check_ordered_keys(keys, "keys");
-  const Layout l = layout_from_int(layout);
-  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  const Layout l = pairs_layout_from_int(layout);
+  check_bucket_size(bucket_size);
   const int64_t n = keys.numel();
   const uint64_t* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
   std::vector<int64_t> order(n);
@@ -36,32 +36,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   return {pairs, reps, table};
 }
 
-// The sorted keys the optimized representation reads (the key after each representative), checked against
-// the representatives; an empty view where the naive representation needs none.
-Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,
-                  int64_t num_reps) {
-  Pairs p{nullptr, 0, 0, 1, 0};
-  if (r != Representation::Optimized) return p;
-  TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
-  const Layout l = layout_from_int(layout);
-  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
-  TORCH_CHECK(pairs->dim() == 1 && pairs->scalar_type() == at::kInt && pairs->is_contiguous(),
-              "pairs must be the int32 tensor cgrx_build returned");
-  const int64_t n = num_pairs(*pairs, l);
-  TORCH_CHECK(pairs->numel() == layout_words(l, n), "pairs has ", pairs->numel(), " words, not a whole number of pairs");
-  TORCH_CHECK((n + bucket_size - 1) / bucket_size == num_reps, "num_reps does not match pairs and bucket_size");
-  p.data = reinterpret_cast<const uint32_t*>(pairs->data_ptr<int32_t>());
-  p.n = static_cast<uint64_t>(n);
-  p.layout = static_cast<uint32_t>(l);
-  p.bucket_size = static_cast<uint32_t>(bucket_size);
-  return p;
-}
-
-Representation representation_from_int(int64_t v) {
-  TORCH_CHECK(v == 0 || v == 1, "representation must be 0 (naive) or 1 (optimized), got ", v);
-  return static_cast<Representation>(v);
-}
-
 // On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32, NaN for inactive slots), for inspection
 // and the Embree test; T = SceneShape::num_triangles(), the same buffer the CUDA build hands to OptiX.
 at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
@@ -70,8 +44,7 @@ at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::In
   const Representation rep = representation_from_int(representation);
   TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
               "num_reps out of range");
-  const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, num_reps);
-  if (p.data != nullptr) check_same_device(reps, *pairs, "reps", "pairs");
+  const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, reps, num_reps);
   const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   const SceneShape s = scene_shape(r, num_reps, c, rep);
   at::Tensor tris = at::empty({static_cast<int64_t>(s.num_triangles()), 3, 3}, reps.options().dtype(at::kFloat));

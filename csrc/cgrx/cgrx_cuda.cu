@@ -41,8 +41,8 @@ __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, Sc
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
   check_ordered_keys(keys, "keys");
-  const Layout l = layout_from_int(layout);
-  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
+  const Layout l = pairs_layout_from_int(layout);
+  check_bucket_size(bucket_size);
   const c10::cuda::CUDAGuard guard(keys.device());
   const int64_t n = keys.numel();
   // Unsigned order through a signed sort: flipping the top bit maps unsigned order onto signed order.
@@ -66,34 +66,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
   return {pairs, reps, build_radix_table_cuda(reps, current_stream())};
 }
 
-// The sorted keys the optimized representation reads (the key after each representative), checked against
-// the representatives (as on the CPU); an empty view where the naive representation needs none.
-Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,
-                  const at::Tensor& reps, int64_t num_reps) {
-  Pairs p{nullptr, 0, 0, 1, 0};
-  if (r != Representation::Optimized) return p;
-  TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
-  const Layout l = layout_from_int(layout);
-  TORCH_CHECK(bucket_size >= 1 && bucket_size <= (int64_t(1) << 30), "bucket_size must be in 1 .. 2^30");
-  TORCH_CHECK(pairs->dim() == 1 && pairs->scalar_type() == at::kInt && pairs->is_contiguous(),
-              "pairs must be the int32 tensor cgrx_build returned");
-  check_same_device(reps, *pairs, "reps", "pairs");
-  const int64_t n = num_pairs(*pairs, l);
-  TORCH_CHECK(pairs->numel() == layout_words(l, n), "pairs has ", pairs->numel(), " words, not a whole number of pairs");
-  TORCH_CHECK((n + bucket_size - 1) / bucket_size == num_reps, "num_reps does not match pairs and bucket_size");
-  p.data = reinterpret_cast<const uint32_t*>(pairs->data_ptr<int32_t>());
-  p.n = static_cast<uint64_t>(n);
-  p.layout = static_cast<uint32_t>(l);
-  p.bucket_size = static_cast<uint32_t>(bucket_size);
-  return p;
-}
-
 at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
                                  const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout) {
   const SceneConfig c = scene_from_list(scene);
-  TORCH_CHECK(representation == 0 || representation == 1,
-              "representation must be 0 (naive) or 1 (optimized), got ", representation);
-  const Representation rep = static_cast<Representation>(representation);
+  const Representation rep = representation_from_int(representation);
   TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
               "num_reps out of range");
   const c10::cuda::CUDAGuard guard(reps.device());
@@ -136,7 +112,9 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
 // the device, so a lookup never waits for the host.
 __global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
   p.handle = gas_handle(p.header);
-  const SceneShape s = scene_shape(p.reps, p.num_reps, p.scene);
+  SceneShape s = scene_shape(p.reps, p.num_reps, p.scene);
+  // Which representation the scene holds follows from its triangle count: decided once here, not per ray.
+  s.representation = static_cast<uint32_t>(representation_of_scene(p.header->num_triangles, s));
   p.shape = s;
   *out = p;
 }

@@ -13,7 +13,7 @@ namespace rtindex::cgrx {
 struct LaunchParams {
   uint64_t handle;          // OptiX backend: filled on the device from the GAS header
   const GasHeader* header;  // OptiX backend only
-  SceneShape shape;         // OptiX backend: filled on the device from the representatives
+  SceneShape shape;         // OptiX backend: filled on the device from the representatives and the GAS
   Storage storage;
   const uint64_t* reps;
   uint64_t num_reps;

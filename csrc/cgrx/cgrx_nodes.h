@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "../core/keys.h"
+#include "cgrx_core.h"
 
 namespace rtindex::cgrx {
 
@@ -40,6 +41,17 @@ RTX_HD int64_t node_words(uint32_t node_size) { return 3ll * node_size + 2; }
 
 // Keys of the updatable index belong to bucket min(first representative >= key, last bucket).
 RTX_HD uint64_t clamp_bucket(uint64_t b, uint64_t m) { return b < m ? b : m - 1; }
+
+// The bucket of key k in an updatable index with m >= 1 buckets: keys at or below the first representative
+// go to bucket 0, keys above the last one (inserted since the build) to the last; `find(k)` is the
+// representative search (it may answer kNoBucket: no match).
+template <typename Find>
+RTX_HD uint64_t node_bucket(const uint64_t* reps, uint64_t m, uint64_t k, Find&& find) {
+  if (k <= reps[0]) return 0;
+  if (k > reps[m - 1]) return m - 1;
+  const uint64_t b = find(k);
+  return b == kNoBucket ? b : clamp_bucket(b, m);
+}
 
 // Every pair with key in [lo, hi], from bucket b on, in (key, row ID) order.
 template <typename Visit>

@@ -40,12 +40,7 @@ __device__ __forceinline__ uint64_t find_bucket_by_rays(const SceneView& view, u
 
 extern "C" __global__ void __raygen__cgrx() {
   const uint64_t q = params.query_base + optixGetLaunchIndex().x;
-  answer_query(params, q, [](uint64_t k) {
-    SceneView view{params.reps, params.shape, params.scene};
-    view.shape.representation =
-        static_cast<uint32_t>(representation_of_scene(params.header->num_triangles, params.shape));
-    return find_bucket_by_rays(view, k);
-  });
+  answer_query(params, q, [](uint64_t k) { return find_bucket_by_rays(SceneView{params.reps, params.shape, params.scene}, k); });
 }
 
 extern "C" __global__ void __closesthit__cgrx() {

@@ -34,7 +34,7 @@ struct Loaded {
   int64_t used;
 };
 
-// ForEachBucket(nodes_view_base, reps? ...): the device-specific bulk load of every bucket.
+// The device-specific bulk load of every bucket (cgrx_nodes.h load_bucket, one bucket per thread).
 using LoadBuckets = std::function<void(at::Tensor& nodes, int64_t node_size, int64_t m, const at::Tensor& keys,
                                        const at::Tensor& rows, const at::Tensor& starts, const at::Tensor& counts,
                                        const at::Tensor& first_extra)>;
@@ -78,11 +78,6 @@ inline Loaded load(const at::Tensor& keys, const at::Tensor& rows, int64_t node_
   at::Tensor nodes = at::zeros({capacity * node_words(static_cast<uint32_t>(node_size))}, opts.dtype(at::kInt));
   load_buckets(nodes, node_size, m, sorted_k, sorted_r, starts, counts, first_extra);
   return {nodes, reps, used};
-}
-
-// Offsets of each bucket's slice in a batch sorted by key: buckets are monotone in the key.
-inline at::Tensor bucket_offsets(const at::Tensor& buckets, int64_t m) {
-  return at::searchsorted(buckets, at::arange(m + 1, buckets.options()));
 }
 
 }  // namespace rtindex::cgrx::update

@@ -39,7 +39,7 @@ at::Tensor find_buckets_cpu(const at::Tensor& reps, const at::Tensor& table, con
   int64_t* o = out.data_ptr<int64_t>();
   at::parallel_for(0, keys.numel(), 4096, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
-      o[i] = static_cast<int64_t>(k[i] <= r[0] ? 0 : (k[i] > r[m - 1] ? m - 1 : radix_lower_bound(r, t, k[i])));
+      o[i] = static_cast<int64_t>(node_bucket(r, m, k[i], [&](uint64_t key) { return radix_lower_bound(r, t, key); }));
   });
   return out;
 }

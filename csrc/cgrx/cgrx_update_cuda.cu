@@ -20,8 +20,7 @@ __global__ void load_kernel(Nodes ns, int64_t m, const uint64_t* keys, const int
 __global__ void find_buckets_kernel(const uint64_t* reps, uint64_t m, const int32_t* table, const uint64_t* keys,
                                     int64_t n, int64_t* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint64_t k = keys[i];
-    out[i] = static_cast<int64_t>(k <= reps[0] ? 0 : (k > reps[m - 1] ? m - 1 : radix_lower_bound(reps, table, k)));
+    out[i] = static_cast<int64_t>(node_bucket(reps, m, keys[i], [&](uint64_t k) { return radix_lower_bound(reps, table, k); }));
   }
 }
 

@@ -78,7 +78,7 @@ std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts,
 template <typename ForEach>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_capped(int64_t q, const at::TensorOptions& opts, bool sort_rows,
                                                           int64_t capacity, ForEach&& for_each) {
-  TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  check_capacity(capacity);
   at::Tensor offsets, counts;
   std::tie(offsets, counts) = count_pass(q, opts, for_each);
   at::Tensor rows = at::full({capacity}, -1, opts);

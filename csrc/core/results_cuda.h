@@ -65,7 +65,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> csr(Launcher& l, int64_t q, const
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> csr_capped(Launcher& l, int64_t q, const at::TensorOptions& opts,
                                                                       int64_t capacity, bool empty_index) {
-  TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  check_capacity(capacity);
   at::Tensor offsets, counts;
   std::tie(offsets, counts) = count_pass(l, q, opts, empty_index);
   at::Tensor rows = at::full({capacity}, -1, opts);
