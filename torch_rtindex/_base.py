@@ -130,13 +130,13 @@ class IndexBase:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ building
-    def _map_keys(self, keys: torch.Tensor) -> torch.Tensor:
+    def _map_keys(self, keys: torch.Tensor, what: str = "keys") -> torch.Tensor:
         """Checks keys to index (dtype, device, count, no NaN) and maps them to ordered keys."""
-        check_key_tensor(keys, "keys", dtype=self.key_dtype, device=self.device)
+        check_key_tensor(keys, what, dtype=self.key_dtype, device=self.device)
         if keys.numel() > MAX_KEYS:
             raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
-            raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
+            raise ValueError(f"{what} contain NaN, which has no place in a key order; drop or replace those rows")
         ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
         self._record_stream_uses((keys,), index=False)  # read on this stream, maybe made on another
         return ordered

@@ -91,7 +91,6 @@ def _(lo, hi, scene, max_range_rays):
 
 @register_fake("rtindex::cgrx_build")
 def _(keys, bucket_size, layout):
-    n = keys.shape[0]
     return (
         keys.new_empty((_dynamic_size(),), dtype=torch.int32),
         keys.new_empty((_dynamic_size(),), dtype=torch.int64),

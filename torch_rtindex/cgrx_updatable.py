@@ -16,12 +16,18 @@ from typing import Any
 
 import torch
 
-from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor
+from ._keys import MAX_KEYS
 from .cgrx import CgRXIndex, _ops
 from .results import UpdateResult
 from .scene import SceneConfig
 
 NODES_LAYOUT = 3
+
+
+def _check_row_ids(rows: torch.Tensor, what: str) -> None:
+    """Row IDs are 0 .. 2^32 - 2 (stored as 32 bits; 2^32 - 1 is no row). One host sync."""
+    if rows.numel() and bool(((rows < 0) | (rows > MAX_KEYS - 1)).any()):
+        raise ValueError(f"{what} must be row IDs in 0 .. 2^32 - 2")
 
 
 class UpdatableCgRXIndex(CgRXIndex):
@@ -64,12 +70,14 @@ class UpdatableCgRXIndex(CgRXIndex):
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
         ops = _ops()
         ordered = keys if mapped else self._map_keys(keys)
+        given_rows = rows
         if rows is None:
             rows = torch.arange(ordered.numel(), device=self.device, dtype=torch.int64)
         nodes, reps, table, used = ops.cgrx_nodes_load(ordered, rows.to(torch.int32), self.node_size, self.growth)
         self._pairs, self._reps, self._table, self._used = nodes, reps, table, int(used)
         self._n = ordered.numel()
-        self._next_row = int(rows.max()) + 1 if rows.numel() else 0
+        # Given row IDs (a state, a rebuild) may skip some: the next free one is past the largest.
+        self._next_row = ordered.numel() if given_rows is None or not given_rows.numel() else int(given_rows.max()) + 1
         self.num_buckets = reps.numel()
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
@@ -140,8 +148,7 @@ class UpdatableCgRXIndex(CgRXIndex):
             raise ValueError("the state's rows must be a 1-D integer tensor with one row ID per key")
         if rows.device != keys.device:
             raise ValueError(f"the state's rows are on {rows.device} but its keys on {keys.device}")
-        if rows.numel() and (bool((rows < 0).any()) or bool((rows > MAX_KEYS - 1).any())):
-            raise ValueError("the state's rows must be row IDs in 0 .. 2^32 - 2")
+        _check_row_ids(rows, "the state's rows")
         if state["keys_ordered"] and (keys.dtype != torch.int64 or keys.dim() != 1):
             raise TypeError("ordered keys (keys_ordered=True) must be a 1-D int64 tensor")
         index = cls(
@@ -160,20 +167,15 @@ class UpdatableCgRXIndex(CgRXIndex):
     def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str, rows_ascending: bool = False):
         """Maps, validates and sorts one side of a batch by (key, row ID); rows stay None when not given.
         ``rows_ascending``: the rows are known to ascend (fresh row IDs), so one stable sort by key is enough."""
-        ops = _ops()
         if keys is None:
             keys = torch.empty(0, dtype=self.key_dtype, device=self.device)
-        check_key_tensor(keys, f"{what} keys", dtype=self.key_dtype, device=self.device)
-        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
-            raise ValueError(f"{what} keys contain NaN")
-        ordered = ops.map_keys(keys, KEY_TYPES[self.key_type])
+        ordered = self._map_keys(keys, f"{what} keys")
         if rows is not None:
             if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.numel() != keys.numel():
                 raise ValueError(f"{what} rows must be a 1-D tensor with one row ID per key")
             if rows.device != self.device:
                 raise ValueError(f"{what} rows are on {rows.device} but the index is on {self.device}")
-            if rows.numel() and (bool((rows < 0).any()) or bool((rows > MAX_KEYS - 1).any())):
-                raise ValueError(f"{what} rows must be row IDs in 0 .. 2^32 - 2")
+            _check_row_ids(rows, f"{what} rows")
             rows = rows.to(torch.int64)
         if rows is not None and not rows_ascending:
             by_row = torch.sort(rows, stable=True).indices

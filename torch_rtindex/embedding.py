@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ._base import _version_counter
 from .cgrx import CgRXIndex
 from .rx import RXIndex
 
@@ -113,13 +114,13 @@ class IdToRow(torch.nn.Module):
             self._index, self._indexed = None, None
             return
         self._index = INDEX_KINDS[self.index_kind](ids.contiguous())
-        self._indexed = (ids, getattr(ids, "_version", None) if not ids.is_inference() else None)
+        self._indexed = (ids, _version_counter(ids))
 
     def _index_is_current(self) -> bool:
         if self._indexed is None:
             return False
         ids, version = self._indexed
-        return ids is self.ids and (version is None or self.ids._version == version)
+        return ids is self.ids and (version is None or _version_counter(self.ids) == version)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Row indices (int64, same shape as ``ids``) of raw IDs of any shape; misses follow ``miss``.

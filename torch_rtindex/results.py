@@ -23,7 +23,10 @@ class Matches(NamedTuple):
     def query_ids(self) -> torch.Tensor:
         """The query each entry of ``rows`` belongs to (same length as ``rows``)."""
         counts = self.offsets[1:] - self.offsets[:-1]
-        return torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts)
+        # output_size: the length is known (rows), so no host sync to learn it.
+        return torch.repeat_interleave(
+            torch.arange(counts.numel(), device=counts.device), counts, output_size=self.rows.numel()
+        )
 
 
 class CappedMatches(NamedTuple):
