@@ -10,30 +10,13 @@ benchmarks/results/<device>/.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from rx_bench import git_commit, make_keys, timed as timed_on, write_json  # noqa: E402  (same folder)
+from rx_bench import build_timed, git_commit, make_keys, timed as timed_on, write_json  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import CgRXIndex  # noqa: E402
-
-
-def build_timed(fn, device="cuda"):
-    """(fn(), wall milliseconds, peak GB allocated during the call above what was allocated before it). On the
-    CPU the peak is None: torch keeps no allocation statistics there."""
-    cuda = torch.device(device).type == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    t0 = time.perf_counter()
-    out = fn()
-    if cuda:
-        torch.cuda.synchronize()
-    ms = (time.perf_counter() - t0) * 1e3
-    return out, ms, (torch.cuda.max_memory_allocated() - base) / 1e9 if cuda else None
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package from this checkout
 from baselines.hash_table import HashTable  # noqa: E402
+from rx_bench import make_keys  # noqa: E402  (same folder)
 
 from torch_rtindex import CgRXIndex  # noqa: E402
 
@@ -34,7 +35,7 @@ def main() -> None:
         torch.cuda.init()
         assert cudart.cudaDeviceSetLimit(0x05, ctypes.c_size_t(args.l2_fetch_bytes)) == 0
     gen = torch.Generator(device="cuda").manual_seed(1)
-    keys = torch.randint(-(2**63), 2**63 - 1, (1 << args.log_keys,), generator=gen, device="cuda", dtype=torch.int64)
+    keys = make_keys("uniform64", 1 << args.log_keys, gen, "cuda")
     queries = keys[torch.randint(0, keys.numel(), (1 << args.log_lookups,), generator=gen, device="cuda")]
     index = CgRXIndex(keys, bucket_size=args.bucket_size, layout=args.layout, backend="radix")
     index.sort_queries = False

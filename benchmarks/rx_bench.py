@@ -26,6 +26,22 @@ import torch_rtindex  # noqa: E402
 from torch_rtindex import RXIndex  # noqa: E402
 
 
+def build_timed(fn, device="cuda"):
+    """(fn(), wall milliseconds, peak GB allocated during the call above what was allocated before it). On the
+    CPU the peak is None: torch keeps no allocation statistics there."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    t0 = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    ms = (time.perf_counter() - t0) * 1e3
+    return out, ms, (torch.cuda.max_memory_allocated() - base) / 1e9 if cuda else None
+
+
 def timed(fn, repeats=5, warmup=1, device="cuda"):
     """Median milliseconds of `repeats` runs after `warmup`: timed with CUDA events on the current stream on a
     CUDA device, with time.perf_counter around each run on the CPU (whose operators return with the work done)."""
@@ -164,14 +180,7 @@ def main() -> None:
     rows.append(("SA point lookups", sa_build_ms, (sk.nbytes + perm.nbytes) / 1e9, sa_ms, q / sa_ms / 1e3))
 
     # ---- RX
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    t0 = time.perf_counter()
-    index = RXIndex(keys)
-    torch.cuda.synchronize()
-    rx_build_ms = (time.perf_counter() - t0) * 1e3
-    peak = (torch.cuda.max_memory_allocated() - base) / 1e9
+    index, rx_build_ms, peak = build_timed(lambda: RXIndex(keys))
     mem = index.memory()
     # Both query orders: as given, and sorted inside the lookup (index.sort_queries; the sort is counted).
     times = {}

@@ -41,8 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from rx_bench import git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
-from cgrx_bench import build_timed  # noqa: E402
+from rx_bench import build_timed, git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
 import update_bench  # noqa: E402
 
 import torch_rtindex  # noqa: E402

@@ -53,9 +53,9 @@ def run_waves(log_keys: int, log_lookups: int, waves: int, node_size: int, devic
     rows = []
     current = base
     for i, w in enumerate(chunks):
-        ms, res = wall_ms(lambda: index.insert(w), dev)
+        ms = wall_ms(lambda: index.insert(w), dev)[0]
         current = torch.cat([current, w])
-        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(current, node_size=node_size), dev)
+        rebuild_ms = wall_ms(lambda: UpdatableCgRXIndex(current, node_size=node_size), dev)[0]  # freed at once
         rows.append((f"insert wave {i + 1}", w.numel(), ms, rebuild_ms))
     q = current[torch.randint(0, current.numel(), (1 << log_lookups,), generator=gen, device=dev)]
     after_ms, after = timed(lambda: index.lookup(q), device=dev)
@@ -68,7 +68,7 @@ def run_waves(log_keys: int, log_lookups: int, waves: int, node_size: int, devic
         ms, res = wall_ms(lambda: index.delete(w), dev)
         assert res.deleted == w.numel() and res.absent == 0
         remaining = torch.cat([base, *chunks[i + 1 :]])
-        rebuild_ms, _ = wall_ms(lambda: UpdatableCgRXIndex(remaining, node_size=node_size), dev)
+        rebuild_ms = wall_ms(lambda: UpdatableCgRXIndex(remaining, node_size=node_size), dev)[0]
         rows.append((f"delete wave {i + 1}", w.numel(), ms, rebuild_ms))
     gone = index.lookup(extra[: 1 << 20])
     assert int(gone.count.sum()) == 0, "deleted keys still found"
