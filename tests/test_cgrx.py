@@ -97,10 +97,10 @@ def test_edges(device):
 @pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
 @pytest.mark.parametrize("bucket_size", [1, 3, 8, 16, 40, 256])
 def test_radix_table_ties_and_wide_slices(device, gen, layout, bucket_size):
-    """The radix table compares 32-bit words cut from 64-bit offsets: keys 1 apart inside one slice share a word
-    and need the exact representatives; a dense cluster far from the extremes makes one slice hold thousands of
-    representatives (the tile search narrows over many rounds). Also every bucket size on both sides of the
-    CUDA tile widths (8, 16, 32 lanes)."""
+    """The radix table compares 8-bit words cut from 64-bit offsets: keys 1 apart inside one slice share a word
+    and need the units' exact representatives; a dense cluster far from the extremes makes one slice hold
+    thousands of units (a long binary search over words, then over representatives). Bucket sizes below, at
+    and above the units' line sizes (4, 8, 16 pairs)."""
     cluster = torch.arange(2**40, 2**40 + 3000, dtype=torch.int64).repeat_interleave(torch.randint(1, 4, (3000,), generator=gen))
     keys = torch.cat([cluster, torch.tensor([-(2**63), 2**63 - 1, -5, 2**62])])
     keys = keys[torch.randperm(keys.numel(), generator=gen)]
@@ -115,6 +115,31 @@ def test_radix_table_ties_and_wide_slices(device, gen, layout, bucket_size):
     first, count, rows = ref.ranges(lo, hi)
     check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
     check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+
+
+@pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
+@pytest.mark.parametrize("bucket_size", [1, 3, 4, 8, 16, 64])
+@pytest.mark.parametrize("repeat", [None, "across_lines", "last"])
+@pytest.mark.parametrize("bucket_search", ["binary", "linear"])
+def test_radix_lines_and_unique_keys(device, gen, layout, bucket_size, repeat, bucket_search):
+    """The radix table's units are lines of the pairs (4, 8 or 16 pairs, at most a bucket), and a point lookup
+    stops at its first match where the build found no two equal keys. Full-range unique keys, or the same keys
+    with one key repeated where the repeat crosses a boundary of every line size (sorted positions 799 and 800)
+    or sits at the very end: the repeat must be seen (both rows found) by every backend."""
+    keys = torch.unique(int64_keys("uniform", 3000, gen))  # sorted, unique
+    if repeat == "across_lines":
+        keys[800] = keys[799]
+    elif repeat == "last":
+        keys[-1] = keys[-2]
+    keys = keys[torch.randperm(keys.numel(), generator=gen)]
+    ref = Reference(keys, "int64")
+    q = torch.cat([point_queries(keys, 2000, gen), torch.unique(keys)])
+    first, count, rows = ref.points(q)
+    for backend in ("radix", "binary_search"):
+        index = CgRXIndex(keys.to(device), bucket_size=bucket_size, layout=layout, bucket_search=bucket_search, backend=backend)
+        check_lookup(index.lookup(q.to(device)), first, count)
+        check_matches(index.lookup_all(q.to(device)), rows)
+    assert count.max() == (1 if repeat is None else 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])

@@ -9,10 +9,12 @@ duplicates and ranges. Finding that bucket is pluggable:
   alone in their row are flipped (seen as back faces); one ray where the key's row holds a representative,
   about two on sparse 64-bit keys, never more rays than ``"naive"`` on average in our measurements, and a third
   to almost half fewer triangles on sparse keys; ``"naive"`` (§3.2) adds row and plane markers at x = -1 instead, up to three rays;
-- ``"radix"``: a table over the representatives' key range narrows the search to a slice of about 4 to 8
-  representatives, compared as 16-bit words (their offsets inside the slice) read from L2 with the table
-  (about 2.5 bytes per representative); the default where the GPU has no RT cores (A100, H100, H200, B200)
-  and on the CPU;
+- ``"radix"``: a table small enough to stay in L2 finds the 64-byte line of the bucket where the key's first
+  match lies, so the bucket search reads one line instead of two or three: a slice of the key range narrows
+  the search to about 16 lines, compared as 8-bit words (their last keys' offsets inside the slice). About 1.25
+  bytes per line of pairs (4 pairs ``aligned_row``, 8 keys ``column``, 16 pairs ``packed_row``; per bucket
+  where buckets are smaller); the default where the GPU has no RT cores (A100, H100, H200, B200) and on the
+  CPU. Where no two keys are equal, point lookups stop at their first match;
 - ``"binary_search"``: plain binary search over the representatives (the reference).
 
 Every backend gives identical answers. The ``"radix"`` and ``"binary_search"`` backends are plain CUDA kernels

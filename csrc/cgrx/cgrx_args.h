@@ -103,7 +103,11 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
     a.num_reps = a.storage.pairs.num_buckets();
     TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
   }
-  TORCH_CHECK(table.numel() == radix_table_words(a.num_reps), "table does not match the representatives");
+  // The table's units: the buckets of an updatable index, lines of the pairs otherwise (cgrx_core.h).
+  const uint64_t units = a.storage.use_nodes ? a.num_reps
+                                             : (a.storage.pairs.n + radix_unit_pairs(l, bucket_size) - 1) /
+                                                   radix_unit_pairs(l, bucket_size);
+  TORCH_CHECK(table.numel() == radix_table_words(units), "table does not match the pairs and bucket_size");
   a.reps = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   a.table = table.data_ptr<int32_t>();
   a.backend = static_cast<Backend>(backend);

@@ -47,19 +47,17 @@ struct Pairs {
   }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
 
-  // First position in bucket b whose key is >= k. The bucket's last key (its representative) is >= k.
-  RTX_HD uint64_t search_bucket(uint64_t b, uint64_t k) const {
-    uint64_t lo = b * bucket_size;
-    uint64_t hi = lo + bucket_size < n ? lo + bucket_size : n;
+  // First position in [begin, end) whose key is >= k; the pair at end - 1 is >= k (or end is n).
+  RTX_HD uint64_t lower_bound_in(uint64_t begin, uint64_t end, uint64_t k) const {
     if (linear_search) {
-      while (lo < hi && key(lo) < k) ++lo;
-      return lo;
+      while (begin < end && key(begin) < k) ++begin;
+      return begin;
     }
-    while (lo < hi) {
-      const uint64_t mid = (lo + hi) >> 1;
-      if (key(mid) < k) lo = mid + 1; else hi = mid;
+    while (begin < end) {
+      const uint64_t mid = (begin + end) >> 1;
+      if (key(mid) < k) begin = mid + 1; else end = mid;
     }
-    return lo;
+    return begin;
   }
 };
 
@@ -83,39 +81,57 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
   }
 }
 
-// ---- The radix table over the representatives (for GPUs without RT cores) -------------------------------
-// Finding "the first representative >= key" should not cost a trip to device memory: the bucket read that
-// follows already does. So the search structure is sized to stay in L2 and does not touch the 64-bit
-// representatives on the way:
-//   - 2^R + 1 entries split the representatives' key range [first, last] into 2^R equal slices of 2^shift keys:
-//     entry j is the index of the first representative >= first + j * 2^shift. R is about log2(#reps) - 3, so
-//     a slice holds about 4 to 8 representatives (16 bytes of the array below);
-//   - one 16-bit word per representative: its offset inside its own slice, cut to the top 16 bits. Inside a
-//     slice these words are ordered like the representatives, so a key's slice and its own word give the
-//     answer by comparing words only, except where the cut dropped bits and a word equals the key's word:
-//     then the exact representatives decide (uniform 64-bit keys: about one lookup in 2^13).
-// Skewed keys make some slices wide; the search inside a slice bounds the cost by log2 of its width.
-// Measured on an H100 (2^26 uniform 64-bit keys, B = 16, 2^27 lookups): a table over the 64-bit representatives
-// themselves 23.2 ms; 32-bit words (18 MB in all) 17.6 ms, with most of their reads still missing L2; 16-bit
-// words (10 MB) 14.2 ms, leaving the bucket as nearly all of the 164 bytes a lookup reads from device memory.
-// Layout (int32 words): [shift, R, entry 0 .. entry 2^R, words of representatives 0 .. m - 1, 2 per int32].
-constexpr int kRadixHeaderWords = 2;
-constexpr int kRadixRepsPerSlice = 3;  // log2 of the representatives a slice holds on average (4 .. 8)
+// ---- The radix table (for GPUs without RT cores) ----------------------------------------------------------
+// Finding where a key's first match lies should not cost a trip to device memory: the read of the pairs that
+// follows already does, and on this hardware a lookup's time follows the bytes it reads from device memory
+// (benchmarks/results/README.md). So the search structure stays in L2 and ends the search one cache line
+// early: it indexes "units" of the sorted pairs, each with the largest key it holds as its representative.
+//   - Read-only index: a unit is one 64-byte line of the pairs (4 pairs aligned_row, 8 keys column; for
+//     packed_row, whose 12-byte pairs straddle lines, 16 pairs = 3 whole lines), or the bucket where buckets
+//     are smaller. The unit found is a line of its bucket, so the bucket search after it reads one line where
+//     a binary search over the whole bucket reads two or three.
+//   - Updatable index: a unit is a bucket and its representative the bucket's own, fixed at build time
+//     (node chains have no fixed lines); updates never touch the table.
+// The table over m units:
+//   - 2^R + 1 entries split the units' key range [first, last] into 2^R equal slices of 2^shift keys: entry j
+//     is the first unit whose representative is >= first + j * 2^shift. R is about log2(m) - 4, so a slice
+//     holds about 16 units;
+//   - one 8-bit word per unit: its representative's offset inside its slice, cut to the top 8 bits. Inside a
+//     slice the words are ordered like the representatives, so the key's slice and its own word answer by
+//     comparing words, except where the cut dropped bits and a word equals the key's: then the units'
+//     representatives decide (uniform keys: about one lookup in 16 sees such a word, half of those read one
+//     more line; for a line unit that representative sits in the line the lookup reads anyway).
+//   - a flag for "no two pairs share a key": point lookups then stop at their first match instead of reading
+//     the next pair (often in the next line).
+// Skewed keys make some slices wide; the search inside a slice is binary, bounded by log2 of its width.
+// Measured on an H100 (2^26 uniform 64-bit keys, 2^27 lookups), bucket units of 16 packed pairs: a table over
+// the 64-bit representatives themselves 23.2 ms; 32-bit words (18 MB in all) 17.6 ms; 16-bit words (10 MB)
+// 14.2 ms, reading 164 bytes per lookup from device memory, nearly all of it two or three lines of the bucket.
+// Layout (int32 words): [shift, R, flags, 0, first (2 words), entry 0 .. entry 2^R, words, 4 per int32].
+constexpr int kRadixHeaderWords = 6;
+constexpr int kRadixUnitsPerSlice = 4;  // log2 of the units a slice holds on average
+constexpr uint32_t kRadixUniqueKeys = 1;  // flags: no two pairs share a key
 
-inline int radix_log2_slots(uint64_t num_reps) {
+// Pairs per unit of a read-only index: one 64-byte line (see above), at most one bucket.
+RTX_HD uint64_t radix_unit_pairs(Layout l, uint64_t bucket_size) {
+  const uint64_t line = l == Layout::AlignedRow ? 4 : l == Layout::Column ? 8 : 16;
+  return bucket_size < line ? bucket_size : line;
+}
+
+inline int radix_log2_slots(uint64_t units) {
   int r = 0;
-  while ((uint64_t(1) << (r + kRadixRepsPerSlice)) < num_reps && r < 30) ++r;
+  while ((uint64_t(1) << (r + kRadixUnitsPerSlice)) < units && r < 30) ++r;
   return r;
 }
 
-// The representatives' words: the offset's top bits, as many as fit.
-using RadixWord = uint16_t;
-constexpr int kRadixWordBits = 16;
+// The units' words: the offset's top bits, as many as fit.
+using RadixWord = uint8_t;
+constexpr int kRadixWordBits = 8;
 
-inline int64_t radix_table_words(uint64_t num_reps) {
-  if (num_reps == 0) return kRadixHeaderWords;
-  const int64_t word_space = (static_cast<int64_t>(num_reps) * sizeof(RadixWord) + 3) / 4;
-  return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(num_reps)) + 1 + word_space;
+inline int64_t radix_table_words(uint64_t units) {
+  if (units == 0) return kRadixHeaderWords;
+  const int64_t word_space = (static_cast<int64_t>(units) * sizeof(RadixWord) + 3) / 4;
+  return kRadixHeaderWords + (int64_t(1) << radix_log2_slots(units)) + 1 + word_space;
 }
 
 RTX_HD int bit_length(uint64_t v) {
@@ -146,9 +162,9 @@ RTX_HD uint64_t reps_lower_bound_in(const uint64_t* reps, uint64_t lo, uint64_t 
   return lo;
 }
 
-// Entry j of the table (j in 0 .. 2^r) for m >= 1 representatives and shift = radix_shift(first, last, r):
-// for 0 < j < 2^r, j << shift < 2^64 (the span has at most r + shift bits), and shift < 64 (shift = 64 only
-// when r = 0, where no such j exists).
+// Entry j of the table (j in 0 .. 2^r) for m >= 1 units and shift = radix_shift(first, last, r): for
+// 0 < j < 2^r, j << shift < 2^64 (the span has at most r + shift bits), and shift < 64 (shift = 64 only when
+// r = 0, where no such j exists).
 RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, uint64_t j) {
   const uint64_t first = reps[0], span = reps[m - 1] - first;
   if (j == 0) return 0;
@@ -158,38 +174,54 @@ RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, 
 
 // Read-only view of a built table.
 struct RadixTable {
-  int shift;
-  const uint32_t* entries;  // 2^R + 1
-  const RadixWord* words;   // one per representative
+  const int32_t* header;
 
-  RTX_HD explicit RadixTable(const int32_t* table)
-      : shift(table[0]),
-        entries(reinterpret_cast<const uint32_t*>(table + kRadixHeaderWords)),
-        words(reinterpret_cast<const RadixWord*>(entries + (uint64_t(1) << table[1]) + 1)) {}
+  RTX_HD explicit RadixTable(const int32_t* table) : header(table) {}
 
-  // The slice of k as a range [begin, end) of representatives; the first one >= k lies in [begin, end].
-  RTX_HD void slice(uint64_t k, uint64_t first, uint64_t& begin, uint64_t& end) const {
-    const uint64_t j = shift >= 64 ? 0 : (k - first) >> shift;
-    begin = load_resident(entries + j);
-    end = load_resident(entries + j + 1);
+  RTX_HD int shift() const { return load_resident(reinterpret_cast<const uint32_t*>(header)); }
+  RTX_HD int log2_slots() const { return header[1]; }
+  RTX_HD bool unique_keys() const { return load_resident(reinterpret_cast<const uint32_t*>(header + 2)) & kRadixUniqueKeys; }
+  RTX_HD uint64_t first() const {
+    const uint32_t* h = reinterpret_cast<const uint32_t*>(header + 4);
+    return uint64_t(load_resident(h)) | (uint64_t(load_resident(h + 1)) << 32);
   }
-  // Whether cutting offsets to words lost bits (then equal words need the exact representatives).
-  RTX_HD bool cut() const { return shift > kRadixWordBits; }
+  RTX_HD const uint32_t* entries() const { return reinterpret_cast<const uint32_t*>(header + kRadixHeaderWords); }
+  RTX_HD const RadixWord* words() const {
+    return reinterpret_cast<const RadixWord*>(entries() + (uint64_t(1) << log2_slots()) + 1);
+  }
+
+  // The first unit whose representative is >= k, for first() < k <= the last representative; rep(c) reads
+  // unit c's representative (only for words equal to the key's).
+  template <typename Rep>
+  RTX_HD uint64_t lower_bound(uint64_t k, Rep&& rep) const {
+    const int s = shift();
+    const uint64_t f = first();
+    const uint64_t j = s >= 64 ? 0 : (k - f) >> s;
+    const uint32_t* e = entries();
+    const RadixWord* w = words();
+    uint64_t lo = load_resident(e + j), hi = load_resident(e + j + 1);
+    const RadixWord kw = radix_word(k, f, s);
+    while (lo < hi) {  // first word >= the key's
+      const uint64_t mid = (lo + hi) >> 1;
+      if (load_resident(w + mid) < kw) lo = mid + 1; else hi = mid;
+    }
+    if (s <= kRadixWordBits) return lo;  // exact words: an equal word is an equal representative
+    uint64_t end = load_resident(e + j + 1);  // past the units whose word equals the key's
+    for (uint64_t a = lo; a < end;) {
+      const uint64_t mid = (a + end) >> 1;
+      if (load_resident(w + mid) <= kw) a = mid + 1; else end = mid;
+    }
+    while (lo < end) {  // among those, the first representative >= k
+      const uint64_t mid = (lo + end) >> 1;
+      if (rep(mid) < k) lo = mid + 1; else end = mid;
+    }
+    return lo;
+  }
 };
 
-// Index of the first representative >= k, for reps[0] < k <= reps[m - 1].
+// The bucket of the first representative >= k, for reps[0] < k <= reps[m - 1], from a table over buckets.
 RTX_HD uint64_t radix_lower_bound(const uint64_t* reps, const int32_t* table, uint64_t k) {
-  const RadixTable t(table);
-  uint64_t lo, hi;
-  t.slice(k, reps[0], lo, hi);
-  const uint64_t end = hi;
-  const RadixWord w = radix_word(k, reps[0], t.shift);
-  while (lo < hi) {
-    const uint64_t mid = (lo + hi) >> 1;
-    if (load_resident(t.words + mid) < w) lo = mid + 1; else hi = mid;
-  }
-  if (t.cut() && lo < end && load_resident(t.words + lo) == w) return reps_lower_bound_in(reps, lo, end, k);
-  return lo;
+  return RadixTable(table).lower_bound(k, [&](uint64_t c) { return reps[c]; });
 }
 
 // The same answer by binary search over all representatives (the reference the other backends must match).
@@ -197,28 +229,18 @@ RTX_HD uint64_t reps_lower_bound(const uint64_t* reps, uint64_t m, uint64_t k) {
   return reps_lower_bound_in(reps, 0, m, k);
 }
 
-// ---- From a bucket to an answer -------------------------------------------------------------------------
+// ---- From the search's result to an answer ---------------------------------------------------------------
 constexpr uint64_t kNoBucket = ~uint64_t(0);
 
-// What a lookup needs to decide without any search: empty range, below the first or above the last key.
-// Returns the bucket to start in when that is known (0), kNoBucket for "no match", or `search` to say a
-// representative search is needed.
-constexpr uint64_t kSearch = ~uint64_t(0) - 1;
-
-RTX_HD uint64_t trivial_bucket(const Pairs& p, const uint64_t* reps, uint64_t lo, uint64_t hi) {
-  if (p.n == 0 || lo > hi) return kNoBucket;
-  if (lo > p.key(p.n - 1)) return kNoBucket;  // above the largest key: answered without tracing
-  if (lo <= reps[0]) return 0;                // at or below the first representative: bucket 0
-  return kSearch;
-}
-
-// Visits every pair with key in [lo, hi], starting in bucket b (the bucket of the first representative >= lo):
-// duplicates and ranges continue past the bucket's end.
+// Visits every pair with key <= hi from position i (the first pair >= the range's low end) on: duplicates and
+// ranges continue past the bucket's end. `first_only` (a point lookup where no two pairs share a key) stops
+// at the first match instead of reading the next pair, which often lies in the next line.
 template <typename Visit>
-RTX_HD void visit_from_bucket(const Pairs& p, uint64_t b, uint64_t lo, uint64_t hi, Visit&& visit) {
-  for (uint64_t i = p.search_bucket(b, lo); i < p.n; ++i) {
+RTX_HD void visit_from(const Pairs& p, uint64_t i, uint64_t hi, bool first_only, Visit&& visit) {
+  for (; i < p.n; ++i) {
     if (p.key(i) > hi) break;
     visit(p.row(i));
+    if (first_only) break;
   }
 }
 

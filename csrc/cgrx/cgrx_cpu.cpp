@@ -26,14 +26,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return k[a] < k[b]; });
   at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
+  at::Tensor sorted = at::empty({n}, keys.options());
   uint32_t* data = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-  for (int64_t i = 0; i < n; ++i) store_pair(data, n, l, i, k[order[i]], static_cast<uint32_t>(order[i]));
-  const uint64_t m = (n + bucket_size - 1) / bucket_size;
-  at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
-  uint64_t* r = reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>());
-  for (uint64_t b = 0; b < m; ++b) r[b] = k[order[std::min<uint64_t>((b + 1) * bucket_size, n) - 1]];
-  at::Tensor table = build_radix_table_cpu(reps);
-  return {pairs, reps, table};
+  uint64_t* s = reinterpret_cast<uint64_t*>(sorted.data_ptr<int64_t>());
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = k[order[i]];
+    store_pair(data, n, l, i, s[i], static_cast<uint32_t>(order[i]));
+  }
+  at::Tensor reps = group_lasts_cpu(sorted, bucket_size);
+  return {pairs, reps, build_pairs_radix_table_cpu(sorted, reps, l, bucket_size)};
 }
 
 // On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32, NaN for inactive slots), for inspection
@@ -74,10 +75,13 @@ Queries queries_of(const at::Tensor& pairs, const at::Tensor& lo, const c10::opt
 auto matches_of(const IndexArgs& a, const Queries& qs) {
   return [&a, &qs](int64_t i, auto&& visit) {
     const uint64_t lo = qs.lo[i], hi = qs.hi ? qs.hi[i] : lo;
-    auto find = [&](uint64_t k) {
-      return a.backend == Backend::Radix ? radix_lower_bound(a.reps, a.table, k) : reps_lower_bound(a.reps, a.num_reps, k);
-    };
-    visit_matches(a.storage, a.reps, a.num_reps, lo, hi, find, [&](uint32_t row) { visit(static_cast<int64_t>(row)); });
+    const auto on_row = [&](uint32_t row) { visit(static_cast<int64_t>(row)); };
+    if (a.backend == Backend::Radix) {
+      visit_matches(a.storage, a.reps, a.num_reps, a.table, lo, hi, RadixSearch{}, on_row);
+    } else {
+      const auto find = [&](uint64_t k) { return reps_lower_bound(a.reps, a.num_reps, k); };
+      visit_matches(a.storage, a.reps, a.num_reps, a.table, lo, hi, find, on_row);
+    }
   };
 }
 

@@ -27,13 +27,6 @@ __global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int6
     store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
 }
 
-__global__ void reps_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t bucket_size, uint64_t* reps, int64_t m) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t last = (b + 1) * bucket_size < n ? (b + 1) * bucket_size : n;
-    reps[b] = sorted[last - 1];
-  }
-}
-
 __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, SceneConfig c, Vec3* v) {
   for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < s.num_buckets; b += uint64_t(gridDim.x) * blockDim.x)
     bucket_triangles(reps, pairs, s, b, c, v);
@@ -56,14 +49,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
         reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n, l);
     RTX_CHECK_LAUNCH();
   }
-  const uint64_t m = (n + bucket_size - 1) / bucket_size;
-  at::Tensor reps = at::empty({static_cast<int64_t>(m)}, keys.options());
-  if (m > 0) {
-    reps_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()),
-                                                              n, bucket_size, reinterpret_cast<uint64_t*>(reps.data_ptr<int64_t>()), m);
-    RTX_CHECK_LAUNCH();
-  }
-  return {pairs, reps, build_radix_table_cuda(reps, current_stream())};
+  at::Tensor reps = group_lasts_cuda(sorted, bucket_size, current_stream());
+  return {pairs, reps, build_pairs_radix_table_cuda(sorted, reps, l, bucket_size, current_stream())};
 }
 
 at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
@@ -102,7 +89,7 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   const bool radix = static_cast<Backend>(p.backend) == Backend::Radix;
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
     if (radix)
-      answer_query(p, q, [&](uint64_t k) { return radix_lower_bound(p.reps, p.table, k); });
+      answer_query(p, q, RadixSearch{});
     else
       answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); });
   }

@@ -28,12 +28,13 @@ struct LaunchParams {
 };
 
 #if defined(__CUDACC__)
-// One query, start to finish; `find` maps a key to the bucket of the first representative >= key.
+// One query, start to finish; `find` maps a key to the bucket of the first representative >= key, or is
+// RadixSearch (visit_matches).
 template <typename Find>
 __device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
   const uint64_t lo = load_once(p.lo + q), hi = p.hi ? load_once(p.hi + q) : lo;
   HitState s;
-  visit_matches(p.storage, p.reps, p.num_reps, lo, hi, find, [&](uint32_t row) { record_hit(p.results, s, row, q); });
+  visit_matches(p.storage, p.reps, p.num_reps, p.table, lo, hi, find, [&](uint32_t row) { record_hit(p.results, s, row, q); });
   write_result(p.results, s, q);
 }
 #endif

@@ -1,5 +1,6 @@
-// Building the radix table over the representatives (cgrx_core.h), on the CPU and on CUDA. Both the read-only
-// and the updatable index build it through these two functions.
+// Building the radix table (cgrx_core.h), on the CPU and on CUDA, from the units' representatives. The
+// read-only index builds it over lines of its sorted keys (build_pairs_radix_table_*), the updatable one over
+// its buckets' representatives (build_radix_table_*, no flags: updates may add equal keys later).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,16 +10,34 @@
 
 namespace rtindex::cgrx {
 
-inline at::Tensor build_radix_table_cpu(const at::Tensor& reps) {
-  const uint64_t m = static_cast<uint64_t>(reps.numel());
-  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
+// The last key of every group of `group` consecutive sorted keys: the representatives of buckets or units.
+inline at::Tensor group_lasts_cpu(const at::Tensor& sorted, int64_t group) {
+  const int64_t n = sorted.numel(), m = (n + group - 1) / group;
+  at::Tensor out = at::empty({m}, sorted.options());
+  const int64_t* s = sorted.data_ptr<int64_t>();
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t b = 0; b < m; ++b) o[b] = s[std::min((b + 1) * group, n) - 1];
+  return out;
+}
+
+RTX_HD void write_radix_header(int32_t* t, int shift, int bits, uint32_t flags, uint64_t first) {
+  t[0] = shift;
+  t[1] = bits;
+  t[2] = static_cast<int32_t>(flags);
+  t[3] = 0;
+  t[4] = static_cast<int32_t>(static_cast<uint32_t>(first));
+  t[5] = static_cast<int32_t>(static_cast<uint32_t>(first >> 32));
+}
+
+inline at::Tensor build_radix_table_cpu(const at::Tensor& unit_reps, bool unique_keys = false) {
+  const uint64_t m = static_cast<uint64_t>(unit_reps.numel());
+  at::Tensor table = at::zeros({radix_table_words(m)}, unit_reps.options().dtype(at::kInt));
   if (m == 0) return table;
-  const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
+  const uint64_t* r = reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>());
   int32_t* t = table.data_ptr<int32_t>();
   const int bits = radix_log2_slots(m);
   const int shift = radix_shift(r[0], r[m - 1], bits);
-  t[0] = shift;
-  t[1] = bits;
+  write_radix_header(t, shift, bits, unique_keys ? kRadixUniqueKeys : 0, r[0]);
   uint32_t* entries = reinterpret_cast<uint32_t*>(t + kRadixHeaderWords);
   const int64_t slots = (int64_t(1) << bits) + 1;
   at::parallel_for(0, slots, 4096, [&](int64_t b, int64_t e) {
@@ -31,14 +50,39 @@ inline at::Tensor build_radix_table_cpu(const at::Tensor& reps) {
   return table;
 }
 
+// `bucket_reps` (group_lasts of bucket_size) serve as the units where units are whole buckets.
+inline at::Tensor build_pairs_radix_table_cpu(const at::Tensor& sorted, const at::Tensor& bucket_reps, Layout l,
+                                              int64_t bucket_size) {
+  const int64_t n = sorted.numel();
+  const uint64_t* s = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
+  bool unique = true;
+  for (int64_t i = 1; i < n && unique; ++i) unique = s[i - 1] != s[i];
+  const int64_t unit = static_cast<int64_t>(radix_unit_pairs(l, static_cast<uint64_t>(bucket_size)));
+  return build_radix_table_cpu(unit == bucket_size ? bucket_reps : group_lasts_cpu(sorted, unit), unique);
+}
+
 #if defined(__CUDACC__)
+static __global__ void group_lasts_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t group, uint64_t* out,
+                                          int64_t m) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    out[b] = sorted[((b + 1) * group < n ? (b + 1) * group : n) - 1];
+}
+
+inline at::Tensor group_lasts_cuda(const at::Tensor& sorted, int64_t group, cudaStream_t stream) {
+  const int64_t n = sorted.numel(), m = (n + group - 1) / group;
+  at::Tensor out = at::empty({m}, sorted.options());
+  if (m == 0) return out;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((m + 255) / 256, 65535LL * 8));
+  group_lasts_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, group,
+                                                 reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), m);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
 // Every thread derives the slice width from the first and last representative itself: no host round trip.
-static __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int bits, int32_t* table) {
+static __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int bits, uint32_t flags, int32_t* table) {
   const int shift = radix_shift(reps[0], reps[m - 1], bits);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    table[0] = shift;
-    table[1] = bits;
-  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) write_radix_header(table, shift, bits, flags, reps[0]);
   uint32_t* entries = reinterpret_cast<uint32_t*>(table + kRadixHeaderWords);
   const uint64_t slots = (uint64_t(1) << bits) + 1;
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < slots; j += uint64_t(gridDim.x) * blockDim.x)
@@ -48,17 +92,39 @@ static __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int 
     words[i] = radix_word(reps[i], reps[0], shift);
 }
 
-inline at::Tensor build_radix_table_cuda(const at::Tensor& reps, cudaStream_t stream) {
-  const uint64_t m = static_cast<uint64_t>(reps.numel());
-  at::Tensor table = at::zeros({radix_table_words(m)}, reps.options().dtype(at::kInt));
+// Clears the unique-keys flag where two neighbouring sorted keys are equal (every writer writes the same value).
+static __global__ void clear_unique_flag_kernel(const uint64_t* __restrict__ sorted, int64_t n, int32_t* table) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x + 1; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    if (sorted[i - 1] == sorted[i]) table[2] = 0;
+}
+
+// `sorted`: the index's sorted keys where the flag "no two keys are equal" should be derived from them.
+inline at::Tensor build_radix_table_cuda(const at::Tensor& unit_reps, cudaStream_t stream,
+                                         const at::Tensor* sorted = nullptr) {
+  const uint64_t m = static_cast<uint64_t>(unit_reps.numel());
+  at::Tensor table = at::zeros({radix_table_words(m)}, unit_reps.options().dtype(at::kInt));
   if (m == 0) return table;
   const int bits = radix_log2_slots(m);
   const int64_t work = std::max<int64_t>((int64_t(1) << bits) + 1, static_cast<int64_t>(m));
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 65535LL * 8));
-  radix_table_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>()), m, bits,
-                                                 table.data_ptr<int32_t>());
+  radix_table_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>()), m,
+                                                 bits, sorted ? kRadixUniqueKeys : 0, table.data_ptr<int32_t>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (sorted && sorted->numel() > 1) {
+    const int64_t n = sorted->numel();
+    const unsigned b = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535LL * 8));
+    clear_unique_flag_kernel<<<b, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(sorted->data_ptr<int64_t>()), n,
+                                                    table.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return table;
+}
+
+inline at::Tensor build_pairs_radix_table_cuda(const at::Tensor& sorted, const at::Tensor& bucket_reps, Layout l,
+                                               int64_t bucket_size, cudaStream_t stream) {
+  const int64_t unit = static_cast<int64_t>(radix_unit_pairs(l, static_cast<uint64_t>(bucket_size)));
+  return build_radix_table_cuda(unit == bucket_size ? bucket_reps : group_lasts_cuda(sorted, unit, stream), stream,
+                                &sorted);
 }
 #endif
 

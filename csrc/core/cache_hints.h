@@ -1,6 +1,6 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
-// (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and the
-// representatives' words) is read evict-last in L2, so that a batch of random bucket reads does not push it
+// (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
+// units' words) is read evict-last in L2, so that a batch of random bucket reads does not push it
 // out (ncu on an H100 without hints: most of its reads missed L2). The bucket's pairs keep the default: a
 // binary search reads the same line several times (evict-first there doubled the device-memory bytes).
 #pragma once
@@ -41,14 +41,15 @@ RTX_HD uint32_t load_resident(const uint32_t* p) {
 #endif
 }
 
-RTX_HD uint16_t load_resident(const uint16_t* p) {
+// Bytes load into a 32-bit register (PTX has no 8-bit registers).
+RTX_HD uint8_t load_resident(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
-  uint16_t v;
+  uint32_t v;
   asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-      "ld.global.nc.L2::cache_hint.u16 %0, [%1], policy;\n\t}"
-      : "=h"(v)
+      "ld.global.nc.L2::cache_hint.u8 %0, [%1], policy;\n\t}"
+      : "=r"(v)
       : "l"(p));
-  return v;
+  return static_cast<uint8_t>(v);
 #else
   return *p;
 #endif
