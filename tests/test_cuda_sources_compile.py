@@ -70,7 +70,6 @@ def test_cuda_side_cpp_compiles(tmp_path, source):
 
 @pytest.mark.parametrize("program", list(_extension._OPTIX_PROGRAMS.values()))
 def test_optix_programs_compile(tmp_path, program):
-    cmd = [NVCC, "--optix-ir", "-arch=sm_90", "-std=c++17", "-O3", f"-I{_extension.CSRC}",
-           str(_extension.CSRC / program), "-o", str(tmp_path / "out.optixir")]
+    cmd = [NVCC, *_extension.optix_program_flags("sm_90"), str(_extension.CSRC / program), "-o", str(tmp_path / "out.optixir")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -125,6 +125,12 @@ def _say(msg: str) -> None:
     print(f"torch_rtindex: {msg}", file=sys.stderr, flush=True)
 
 
+def optix_program_flags(arch: str) -> list[str]:
+    """nvcc flags of the OptiX programs. RTINDEX_OPTIX_PROGRAMS turns the cache-hint loads (inline PTX that
+    OptiX's compiler rejects) into plain loads there (csrc/core/cache_hints.h)."""
+    return ["--optix-ir", f"-arch={arch}", "-std=c++17", "-O3", f"-I{CSRC}", "-DRTINDEX_OPTIX_PROGRAMS=1"]
+
+
 def _compile_optix_programs(build_dir: Path) -> dict[str, Path]:
     """nvcc --optix-ir for each program set; cached by content, written atomically."""
     from torch.utils import cpp_extension
@@ -133,7 +139,7 @@ def _compile_optix_programs(build_dir: Path) -> dict[str, Path]:
     arch = _program_arch()
     out = {}
     for name, rel in _OPTIX_PROGRAMS.items():
-        flags = ["--optix-ir", f"-arch={arch}", "-std=c++17", "-O3", f"-I{CSRC}"]
+        flags = optix_program_flags(arch)
         digest = _sources_digest([], flags)
         target = build_dir / f"{name}_programs_{digest}.optixir"
         if not target.exists():

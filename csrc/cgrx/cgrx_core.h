@@ -31,18 +31,19 @@ struct Pairs {
   uint32_t bucket_size;
   uint32_t linear_search;  // 0: binary search in the bucket (default), 1: linear scan
 
+  // Reads are evict-first in L2 (cache_hints.h): a lookup reads its line once, the search structure stays.
   RTX_HD uint64_t key(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return uint64_t(data[3 * i]) | (uint64_t(data[3 * i + 1]) << 32);
-      case Layout::AlignedRow: return reinterpret_cast<const uint64_t*>(data)[2 * i];
-      default: return reinterpret_cast<const uint64_t*>(data)[i];
+      case Layout::PackedRow: return uint64_t(load_transient(data + 3 * i)) | (uint64_t(load_transient(data + 3 * i + 1)) << 32);
+      case Layout::AlignedRow: return load_transient(reinterpret_cast<const uint64_t*>(data) + 2 * i);
+      default: return load_transient(reinterpret_cast<const uint64_t*>(data) + i);
     }
   }
   RTX_HD uint32_t row(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return data[3 * i + 2];
-      case Layout::AlignedRow: return data[4 * i + 2];
-      default: return data[2 * n + i];
+      case Layout::PackedRow: return load_transient(data + 3 * i + 2);
+      case Layout::AlignedRow: return load_transient(data + 4 * i + 2);
+      default: return load_transient(data + 2 * n + i);
     }
   }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
@@ -178,13 +179,11 @@ struct RadixTable {
 
   RTX_HD explicit RadixTable(const int32_t* table) : header(table) {}
 
-  RTX_HD int shift() const { return load_resident(reinterpret_cast<const uint32_t*>(header)); }
+  // The header: a few words every lookup reads, which stay in L1.
+  RTX_HD int shift() const { return header[0]; }
   RTX_HD int log2_slots() const { return header[1]; }
-  RTX_HD bool unique_keys() const { return load_resident(reinterpret_cast<const uint32_t*>(header + 2)) & kRadixUniqueKeys; }
-  RTX_HD uint64_t first() const {
-    const uint32_t* h = reinterpret_cast<const uint32_t*>(header + 4);
-    return uint64_t(load_resident(h)) | (uint64_t(load_resident(h + 1)) << 32);
-  }
+  RTX_HD bool unique_keys() const { return static_cast<uint32_t>(header[2]) & kRadixUniqueKeys; }
+  RTX_HD uint64_t first() const { return uint64_t(uint32_t(header[4])) | (uint64_t(uint32_t(header[5])) << 32); }
   RTX_HD const uint32_t* entries() const { return reinterpret_cast<const uint32_t*>(header + kRadixHeaderWords); }
   RTX_HD const RadixWord* words() const {
     return reinterpret_cast<const RadixWord*>(entries() + (uint64_t(1) << log2_slots()) + 1);

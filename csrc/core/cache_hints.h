@@ -1,11 +1,20 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
 // (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
-// units' words) is read evict-last in L2, so that a batch of random bucket reads does not push it
-// out (ncu on an H100 without hints: most of its reads missed L2). The bucket's pairs keep the default: a
-// binary search reads the same line several times (evict-first there doubled the device-memory bytes).
+// units' words) is read evict-last in L2, so that a batch of random reads of the pairs does not push it out
+// (ncu on an H100 without hints: most of its reads missed L2). The pairs themselves are read evict-first in L2
+// but cached normally in L1: each lookup reads its line of pairs once from L2, and L1 serves the search's
+// further reads of that line (ld.global.cs on the pairs, evict-first in L1 too, doubled the device-memory
+// bytes).
+//
+// OptiX programs get plain loads: OptiX's compiler rejects these PTX forms (an internal assertion at module
+// creation), and a ray costs far more than the bytes there. They are compiled with RTINDEX_OPTIX_PROGRAMS.
 #pragma once
 
 #include "keys.h"
+
+#if defined(__CUDA_ARCH__) && !defined(RTINDEX_OPTIX_PROGRAMS)
+#define RTINDEX_CACHE_HINTS 1
+#endif
 
 namespace rtindex {
 
@@ -27,9 +36,9 @@ RTX_HD void store_once(T* p, T v) {
 #endif
 }
 
-// Read-only loads kept in L2 with evict-last priority.
+// Read-only loads kept in L2 with evict-last priority (through the read-only path: never written meanwhile).
 RTX_HD uint32_t load_resident(const uint32_t* p) {
-#if defined(__CUDA_ARCH__)
+#if defined(RTINDEX_CACHE_HINTS)
   uint32_t v;
   asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
       "ld.global.nc.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
@@ -43,13 +52,40 @@ RTX_HD uint32_t load_resident(const uint32_t* p) {
 
 // Bytes load into a 32-bit register (PTX has no 8-bit registers).
 RTX_HD uint8_t load_resident(const uint8_t* p) {
-#if defined(__CUDA_ARCH__)
+#if defined(RTINDEX_CACHE_HINTS)
   uint32_t v;
   asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
       "ld.global.nc.L2::cache_hint.u8 %0, [%1], policy;\n\t}"
       : "=r"(v)
       : "l"(p));
   return static_cast<uint8_t>(v);
+#else
+  return *p;
+#endif
+}
+
+// Loads of data read once per lookup from L2 (the pairs): evict-first in L2, default in L1.
+RTX_HD uint32_t load_transient(const uint32_t* p) {
+#if defined(RTINDEX_CACHE_HINTS)
+  uint32_t v;
+  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
+      "ld.global.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
+      : "=r"(v)
+      : "l"(p));
+  return v;
+#else
+  return *p;
+#endif
+}
+
+RTX_HD uint64_t load_transient(const uint64_t* p) {
+#if defined(RTINDEX_CACHE_HINTS)
+  uint64_t v;
+  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
+      "ld.global.L2::cache_hint.u64 %0, [%1], policy;\n\t}"
+      : "=l"(v)
+      : "l"(p));
+  return v;
 #else
   return *p;
 #endif
