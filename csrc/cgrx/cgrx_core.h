@@ -31,20 +31,38 @@ struct Pairs {
   uint32_t bucket_size;
   uint32_t linear_search;  // 0: binary search in the bucket (default), 1: linear scan
 
-  // Reads are evict-first in L2 (cache_hints.h): a lookup reads its line once, the search structure stays.
   RTX_HD uint64_t key(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return uint64_t(load_transient(data + 3 * i)) | (uint64_t(load_transient(data + 3 * i + 1)) << 32);
-      case Layout::AlignedRow: return load_transient(reinterpret_cast<const uint64_t*>(data) + 2 * i);
-      default: return load_transient(reinterpret_cast<const uint64_t*>(data) + i);
+      case Layout::PackedRow: return uint64_t(data[3 * i]) | (uint64_t(data[3 * i + 1]) << 32);
+      case Layout::AlignedRow: return reinterpret_cast<const uint64_t*>(data)[2 * i];
+      default: return reinterpret_cast<const uint64_t*>(data)[i];
     }
   }
   RTX_HD uint32_t row(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
-      case Layout::PackedRow: return load_transient(data + 3 * i + 2);
-      case Layout::AlignedRow: return load_transient(data + 4 * i + 2);
-      default: return load_transient(data + 2 * n + i);
+      case Layout::PackedRow: return data[3 * i + 2];
+      case Layout::AlignedRow: return data[4 * i + 2];
+      default: return data[2 * n + i];
     }
+  }
+  // lower_bound_in for a radix unit [begin, begin + span): a whole 64-byte line of aligned_row (4 pairs) or
+  // column (8 keys) is read in one go, its keys compared in registers (sorted: the count of keys < k is the
+  // answer's offset); other units take the search.
+  RTX_HD uint64_t lower_bound_in_line(uint64_t begin, uint64_t end, uint64_t k) const {
+    const Layout l = static_cast<Layout>(layout);
+    const uint64_t* words = reinterpret_cast<const uint64_t*>(data);
+    if (l == Layout::AlignedRow && end - begin == 4) {
+      const uint64_t* line = words + 2 * begin;
+      return begin + (load_line_word(line) < k) + (load_line_word(line + 2) < k) + (load_line_word(line + 4) < k) +
+             (load_line_word(line + 6) < k);
+    }
+    if (l == Layout::Column && end - begin == 8) {
+      uint64_t i = begin;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) i += load_line_word(words + begin + j) < k;
+      return i;
+    }
+    return lower_bound_in(begin, end, k);
   }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
 

@@ -1,10 +1,11 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
 // (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
 // units' words) is read evict-last in L2, so that a batch of random reads of the pairs does not push it out
-// (ncu on an H100 without hints: most of its reads missed L2). The pairs themselves are read evict-first in L2
-// but cached normally in L1: each lookup reads its line of pairs once from L2, and L1 serves the search's
-// further reads of that line (ld.global.cs on the pairs, evict-first in L1 too, doubled the device-memory
-// bytes).
+// (ncu on an H100 without hints: most of its reads missed L2). The pairs keep the default: evict-first there,
+// in L1 and L2 (ld.global.cs) or in L2 alone (createpolicy evict_first), made the lookups slower and read more
+// device memory (H100, 2^26 keys, aligned_row B=16: 11.2 -> 18.1 ms, 115 -> 163 bytes per lookup) because the
+// search's dependent reads of one line found it evicted again; a whole line read at once is another matter
+// (load_line_word).
 //
 // OptiX programs get plain loads: OptiX's compiler rejects these PTX forms (an internal assertion at module
 // creation), and a ray costs far more than the bytes there. They are compiled with RTINDEX_OPTIX_PROGRAMS.
@@ -64,21 +65,10 @@ RTX_HD uint8_t load_resident(const uint8_t* p) {
 #endif
 }
 
-// Loads of data read once per lookup from L2 (the pairs): evict-first in L2, default in L1.
-RTX_HD uint32_t load_transient(const uint32_t* p) {
-#if defined(RTINDEX_CACHE_HINTS)
-  uint32_t v;
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
-      "ld.global.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
-      : "=r"(v)
-      : "l"(p));
-  return v;
-#else
-  return *p;
-#endif
-}
-
-RTX_HD uint64_t load_transient(const uint64_t* p) {
+// A line of pairs that one lookup reads whole (cgrx_core.h, Pairs::lower_bound_in_line): evict-first in L2,
+// default in L1. All of the line's loads are issued at once, so L2 sees the line once and L1 serves any
+// further reads of it; the line then leaves L2 before the search structure does.
+RTX_HD uint64_t load_line_word(const uint64_t* p) {
 #if defined(RTINDEX_CACHE_HINTS)
   uint64_t v;
   asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
