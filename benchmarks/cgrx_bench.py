@@ -28,7 +28,8 @@ def main() -> None:
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
-    ap.add_argument("--layout", default="packed_row", help="layout of the main runs (every backend and bucket size)")
+    ap.add_argument("--layout", default="auto", help="layout of the main runs (every backend and bucket size; auto: "
+                    "what the index picks for the backend)")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
     ap.add_argument("--range-hits", default="4,64", help="hits per range lookup (ranges over dense keys)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
@@ -101,9 +102,9 @@ def main() -> None:
                 ranges[sort][h], rres = timed(lambda: dindex.range_lookup(lo, his[h]))
                 assert torch.equal(rres.count, expected[h]), f"cgRX {backend} B={b} (sort_queries={sort}): {h}-hit ranges wrong"
         total = sum(mem.values())
-        label = f"cgRX {backend}" + ("" if (layout, search) == ("packed_row", "binary") else f" {layout}/{search}")
+        label = f"cgRX {backend} {index.layout}" + ("" if search == "binary" else f"/{search}")
         rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True]))
-        result["runs"].append({"backend": backend, "bucket_size": b, "layout": layout, "bucket_search": search,
+        result["runs"].append({"backend": backend, "bucket_size": b, "layout": index.layout, "bucket_search": search,
                                "build_ms": build_ms, "build_peak_gb": peak, "memory": mem,
                                "lookup_ms": point[False], "lookup_query_sort_ms": point[True],
                                **{f"range{h}_ms": ranges[False][h] for h in hits},

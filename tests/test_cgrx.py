@@ -195,3 +195,16 @@ def test_raw_build_refuses_the_node_layout(device):
     keys = torch.tensor([1, 2, 3], device=device)
     with pytest.raises(RuntimeError, match="layout 3"):
         torch.ops.rtindex.cgrx_build(keys, 4, 3)
+
+
+def test_auto_layout_follows_the_backend(device):
+    """layout="auto" (the default): aligned_row for the radix table (a lookup reads one 64-byte line), the paper's
+    packed_row for the backends that search whole buckets; a saved index keeps "auto" and resolves it again."""
+    keys = torch.arange(100, device=device) * 3
+    for backend, layout in [("radix", "aligned_row"), ("binary_search", "packed_row"), ("optix", "packed_row")]:
+        index = CgRXIndex(keys, backend=backend)
+        assert index.layout == layout and f"layout={layout}" in repr(index)
+        assert index.memory()["pairs"] == 100 * (16 if layout == "aligned_row" else 12)
+        assert index.state_dict()["layout"] == "auto"
+        assert CgRXIndex.from_state_dict(index.state_dict()).layout == layout
+    assert CgRXIndex(keys, backend="radix", layout="packed_row").layout == "packed_row"

@@ -51,6 +51,12 @@ def default_backend(device: torch.device) -> str:
     return "radix"
 
 
+def default_layout(backend: str) -> str:
+    """aligned_row for the radix table, whose lookups then read one 64-byte line of pairs; the paper's
+    packed_row (the smallest) for the backends that search whole buckets."""
+    return "aligned_row" if backend == "radix" else "packed_row"
+
+
 class CgRXIndex(IndexBase):
     """A read-only cgRX index over a 1-D tensor of keys; row ID = position of the key in that tensor.
 
@@ -59,7 +65,10 @@ class CgRXIndex(IndexBase):
             duplicates allowed, NaN not, at most 2^32 - 1 keys.
         key_type: as for :class:`RXIndex` (``"uint64"`` reads int64 storage as unsigned).
         bucket_size: key/rowID pairs per bucket (default 16, the paper's recommendation).
-        layout: ``"packed_row"`` (12 bytes per pair, default), ``"aligned_row"`` (16) or ``"column"``.
+        layout: ``"auto"`` (default), ``"packed_row"`` (12 bytes per pair), ``"aligned_row"`` (16: one lookup
+            reads one 64-byte line, the fastest with the ``"radix"`` backend) or ``"column"``. ``"auto"`` is
+            ``"aligned_row"`` with the ``"radix"`` backend (H100: 1.09x faster point lookups than packed_row
+            at 1.34x the memory, still 1.05x the sorted array's) and ``"packed_row"`` otherwise.
         bucket_search: ``"binary"`` (default) or ``"linear"``.
         backend: ``"auto"`` (default), ``"radix"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).
@@ -83,7 +92,7 @@ class CgRXIndex(IndexBase):
         *,
         key_type: str | None = None,
         bucket_size: int = 16,
-        layout: str = "packed_row",
+        layout: str = "auto",
         bucket_search: str = "binary",
         backend: str = "auto",
         scene: SceneConfig | None = None,
@@ -93,8 +102,8 @@ class CgRXIndex(IndexBase):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         if not isinstance(bucket_size, int) or not 1 <= bucket_size <= 2**30:
             raise ValueError(f"bucket_size must be an integer in 1 .. 2^30, got {bucket_size!r}")
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        if layout != "auto" and layout not in LAYOUTS:
+            raise ValueError(f"layout must be 'auto' or one of {sorted(LAYOUTS)}, got {layout!r}")
         if bucket_search not in BUCKET_SEARCHES:
             raise ValueError(f"bucket_search must be one of {BUCKET_SEARCHES}, got {bucket_search!r}")
         if backend != "auto" and backend not in BACKENDS:
@@ -105,10 +114,11 @@ class CgRXIndex(IndexBase):
         self.key_dtype = keys.dtype
         self.device = keys.device
         self.bucket_size = bucket_size
-        self.layout = layout
         self.bucket_search = bucket_search
         self.requested_backend = backend  # what state_dict() keeps: "auto" is resolved again where it is loaded
         self.backend = default_backend(self.device) if backend == "auto" else backend
+        self.requested_layout = layout  # likewise
+        self.layout = default_layout(self.backend) if layout == "auto" else layout
         # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
         self.scene = scene or CGRX_SCENE
         self.representation = representation
@@ -162,7 +172,7 @@ class CgRXIndex(IndexBase):
             "keys": self._checked_source(),
             "key_type": self.key_type,
             "bucket_size": self.bucket_size,
-            "layout": self.layout,
+            "layout": self.requested_layout,
             "bucket_search": self.bucket_search,
             "backend": self.requested_backend,
             "scene": self.scene.as_list(),

@@ -50,8 +50,7 @@ RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, c
     begin = b * span;
   }
   const uint64_t end = begin + span < p.n ? begin + span : p.n;
-  const uint64_t first = radix ? p.lower_bound_in_line(begin, end, lo) : p.lower_bound_in(begin, end, lo);
-  visit_from(p, first, hi, lo == hi && RadixTable(table).unique_keys(), visit);
+  visit_from(p, p.lower_bound_in(begin, end, lo), hi, lo == hi && RadixTable(table).unique_keys(), visit);
 }
 
 }  // namespace rtindex::cgrx

@@ -3,9 +3,8 @@
 // units' words) is read evict-last in L2, so that a batch of random reads of the pairs does not push it out
 // (ncu on an H100 without hints: most of its reads missed L2). The pairs keep the default: evict-first there,
 // in L1 and L2 (ld.global.cs) or in L2 alone (createpolicy evict_first), made the lookups slower and read more
-// device memory (H100, 2^26 keys, aligned_row B=16: 11.2 -> 18.1 ms, 115 -> 163 bytes per lookup) because the
-// search's dependent reads of one line found it evicted again; a whole line read at once is another matter
-// (load_line_word).
+// device memory (H100, 2^26 keys, aligned_row B=16: 11.2 -> 18.1 ms, 115 -> 163 bytes per lookup), and so
+// did reading the line found by the radix table whole, at once, evict-first in L2 (120 bytes per lookup).
 //
 // OptiX programs get plain loads: OptiX's compiler rejects these PTX forms (an internal assertion at module
 // creation), and a ray costs far more than the bytes there. They are compiled with RTINDEX_OPTIX_PROGRAMS.
@@ -60,22 +59,6 @@ RTX_HD uint8_t load_resident(const uint8_t* p) {
       : "=r"(v)
       : "l"(p));
   return static_cast<uint8_t>(v);
-#else
-  return *p;
-#endif
-}
-
-// A line of pairs that one lookup reads whole (cgrx_core.h, Pairs::lower_bound_in_line): evict-first in L2,
-// default in L1. All of the line's loads are issued at once, so L2 sees the line once and L1 serves any
-// further reads of it; the line then leaves L2 before the search structure does.
-RTX_HD uint64_t load_line_word(const uint64_t* p) {
-#if defined(RTINDEX_CACHE_HINTS)
-  uint64_t v;
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_first.b64 policy, 1.0;\n\t"
-      "ld.global.L2::cache_hint.u64 %0, [%1], policy;\n\t}"
-      : "=l"(v)
-      : "l"(p));
-  return v;
 #else
   return *p;
 #endif
