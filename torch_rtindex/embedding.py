@@ -65,8 +65,8 @@ class IdToRow(torch.nn.Module):
         default_row: the row misses map to with ``miss="default"`` (a non-negative int; it may be
             ``len(ids)``, a row appended to the table for unknown IDs).
         index: ``"cgrx"`` (default: :class:`CgRXIndex` with the backend chosen for the device, on GPUs without
-            RT cores a radix-table search about 2x faster than ``torch.searchsorted`` and capturable in CUDA
-            graphs) or ``"rx"`` (:class:`RXIndex`, one triangle per ID).
+            RT cores a radix-table search about 4x faster than ``torch.searchsorted`` over the sorted IDs and
+            capturable in CUDA graphs) or ``"rx"`` (:class:`RXIndex`, one triangle per ID).
 
     The IDs are the buffer ``ids``, so ``.to()``, ``.cuda()``, ``state_dict()`` and ``load_state_dict()``
     work as for any module; the RX index over them is rebuilt whenever the buffer moves or is loaded

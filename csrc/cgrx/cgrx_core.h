@@ -104,9 +104,10 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
 //   - a flag for "no two pairs share a key": point lookups then stop at their first match instead of reading
 //     the next pair (often in the next line).
 // Skewed keys make some slices wide; the search inside a slice is binary, bounded by log2 of its width.
-// Measured on an H100 (2^26 uniform 64-bit keys, 2^27 lookups), bucket units of 16 packed pairs: a table over
-// the 64-bit representatives themselves 23.2 ms; 32-bit words (18 MB in all) 17.6 ms; 16-bit words (10 MB)
-// 14.2 ms, reading 164 bytes per lookup from device memory, nearly all of it two or three lines of the bucket.
+// Measured on an H100 (2^26 uniform 64-bit keys, 2^27 lookups, B = 16): bucket units with 16-bit words (10 MB)
+// 14.2 ms, reading 164 bytes per lookup from device memory, nearly all of them two or three lines of the bucket;
+// line units: packed_row 12.3 ms (135 B), aligned_row 11.2 ms (115 B: the query, one line and the table's L2
+// misses), where a hash table reads 151 B in 11.5 ms (benchmarks/results/README.md).
 // Layout (int32 words): [shift, R, flags, 0, first (2 words), entry 0 .. entry 2^R, words, 4 per int32].
 constexpr int kRadixHeaderWords = 6;
 constexpr int kRadixUnitsPerSlice = 4;  // log2 of the units a slice holds on average
