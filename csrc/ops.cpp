@@ -100,7 +100,9 @@ TORCH_LIBRARY(rtindex, m) {
 
   // cgRX with batch updates (node chains, csrc/cgrx/cgrx_nodes.h). Lookups use the cgrx_lookup* operators with
   // layout 3 and the node region as `pairs`, the node size as `bucket_size`. An update is planned
-  // (cgrx_nodes_plan), nodes are reserved by the caller, then applied in place (cgrx_nodes_apply).
+  // (cgrx_nodes_plan), nodes are reserved by the caller, then applied in place (cgrx_nodes_apply, which returns
+  // per bucket the pairs it removed and the deletion entries that found something; a batch of deletions alone
+  // reserves nothing and skips the plan).
   // Batches are sorted by (key, row ID); *_offsets[b] .. *_offsets[b + 1] is bucket b's slice.
   m.def(
       "cgrx_nodes_load(Tensor keys, Tensor rows, int node_size, float growth) -> (Tensor nodes, Tensor reps, Tensor table, "
@@ -111,7 +113,7 @@ TORCH_LIBRARY(rtindex, m) {
       "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets) -> Tensor");
   m.def(
       "cgrx_nodes_apply(Tensor(a!) nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "
-      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor first_new) -> ()");
+      "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor first_new) -> Tensor applied");
   m.def("cgrx_nodes_export(Tensor nodes, int node_size, int num_buckets) -> (Tensor keys, Tensor rows)");
 
   // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.

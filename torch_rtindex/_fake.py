@@ -155,7 +155,7 @@ def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins
 
 @register_fake("rtindex::cgrx_nodes_apply")
 def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets, first_new):
-    return None
+    return del_offsets.new_empty((del_offsets.shape[0] - 1, 2), dtype=torch.int64)
 
 
 @register_fake("rtindex::cgrx_nodes_export")

@@ -186,6 +186,8 @@ class UpdatableCgRXIndex(CgRXIndex):
 
     def _bucket_offsets(self, ordered: torch.Tensor) -> torch.Tensor:
         """Where each bucket's slice of a sorted batch starts (batches sorted by key are sorted by bucket)."""
+        if ordered.numel() == 0:
+            return torch.zeros(self.num_buckets + 1, dtype=torch.int64, device=self.device)
         buckets = _ops().cgrx_find_buckets(self._reps, self._table, ordered)
         return torch.searchsorted(buckets, torch.arange(self.num_buckets + 1, device=self.device))
 
@@ -264,23 +266,34 @@ class UpdatableCgRXIndex(CgRXIndex):
         ik, ir, dk = ik.contiguous(), ir.to(torch.int32).contiguous(), dk.contiguous()
         dr = dr.to(torch.int32).contiguous() if dr is not None else None
         ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)
-        plan = ops.cgrx_nodes_plan(self._pairs, self.node_size, dk, dr, doff, ik, ir, ioff)
         N = self.node_size
-        reserve = plan[:, 5]  # a bound on the nodes each bucket's splits can take (cgrx_nodes.h, split_bound)
-        first_new = torch.cumsum(reserve, 0) - reserve + self._used
-        absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - plan[:, 4].sum()
-        removed = (plan[:, 0] - plan[:, 2]).sum() + cancelled
-        sums = torch.stack([reserve.sum(), removed, torch.as_tensor(absent, device=plan.device)])
-        total_extra, removed, absent = sums.tolist()  # the update's one host sync
         words = 3 * N + 2
-        nodes = self._pairs
-        capacity = nodes.numel() // words
-        need = self._used + total_extra
-        if need > capacity:  # grow before touching anything: a failed allocation leaves the index as it was
-            grown = torch.empty(int(need * self.growth + 1) * words, dtype=torch.int32, device=self.device)
-            grown[: self._used * words] = nodes[: self._used * words]
-            nodes = grown
-        ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new)
+        nodes, need = self._pairs, self._used
+        if ik.numel():
+            # Insertions can split nodes: plan (a bound on each bucket's new nodes), reserve them for the whole
+            # batch, growing the region first if needed, then apply.
+            plan = ops.cgrx_nodes_plan(self._pairs, N, dk, dr, doff, ik, ir, ioff)
+            reserve = plan[:, 5]  # a bound on the nodes each bucket's splits can take (cgrx_nodes.h, split_bound)
+            first_new = torch.cumsum(reserve, 0) - reserve + self._used
+            found = plan[:, 4].sum()
+            removed = (plan[:, 0] - plan[:, 2]).sum() + cancelled
+            absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - found
+            sums = torch.stack([reserve.sum(), removed, torch.as_tensor(absent, device=plan.device)])
+            total_extra, removed, absent = sums.tolist()  # the update's one host sync
+            capacity = nodes.numel() // words
+            need = self._used + total_extra
+            if need > capacity:  # grow before touching anything: a failed allocation leaves the index as it was
+                grown = torch.empty(int(need * self.growth + 1) * words, dtype=torch.int32, device=self.device)
+                grown[: self._used * words] = nodes[: self._used * words]
+                nodes = grown
+            ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new)
+        else:
+            # Deletions alone reserve nothing: no plan, the apply counts what it removed and found.
+            first_new = torch.zeros(self.num_buckets, dtype=torch.int64, device=self.device)
+            applied = ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new).sum(0)
+            absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - applied[1]
+            sums = torch.stack([applied[0] + cancelled, torch.as_tensor(absent, device=applied.device)])
+            removed, absent = sums.tolist()  # the update's one host sync
         self._pairs = nodes
         self._used = need
         self._n += n_ins - removed

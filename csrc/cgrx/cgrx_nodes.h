@@ -184,9 +184,17 @@ RTX_HD void plan_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, i
 // its node to the left (a linked node left empty is unlinked; the representative node always stays); then
 // each insertion goes into the first node whose largest pair is not smaller (or the last node), shifting the
 // pairs after it to the right; an insertion into a full node first splits it, moving its upper half into a
-// new node linked right after it. `first_new` is the first of the plan's reserved nodes for this bucket.
-RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, uint32_t first_new) {
+// new node linked right after it. `first_new` is the first of the plan's reserved nodes for this bucket (unused
+// without insertions). Returns what the deletions did, as the plan counts it (fields 0 - 2 and 4), so that a
+// batch of deletions alone needs no plan: it reserves nothing.
+struct Applied {
+  uint64_t removed;  // pairs
+  uint64_t found;    // deletion entries that found something (DeleteMatcher)
+};
+
+RTX_HD Applied apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, uint32_t first_new) {
   const uint32_t N = ns.node_size, half = N / 2;
+  Applied done{0, 0};
   if (batch.del_count > 0) {
     DeleteMatcher m{batch};
     uint32_t prev = kNoNode;
@@ -202,7 +210,10 @@ RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, 
       for (uint32_t s = 0; s < size; ++s) {
         const uint64_t k = ns.key(n, s);
         const uint32_t r = ns.row(n, s);
-        if (m.deletes(k, r)) continue;
+        if (m.deletes(k, r)) {
+          ++done.removed;
+          continue;
+        }
         ns.key(n, w) = k;
         ns.row(n, w) = r;
         ++w;
@@ -216,6 +227,7 @@ RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, 
       }
       n = next;
     }
+    done.found = m.finish();
   }
   uint32_t cur = static_cast<uint32_t>(b), fresh = first_new;
   auto last_less = [&](uint32_t n, uint64_t k, uint32_t r) {  // node n's largest pair < (k, r)
@@ -248,6 +260,7 @@ RTX_HD void apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batch, 
     ns.row(cur, s) = r;
     ns.size(cur) += 1;
   }
+  return done;
 }
 
 }  // namespace rtindex::cgrx

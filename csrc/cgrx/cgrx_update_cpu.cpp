@@ -58,7 +58,7 @@ at::Tensor nodes_plan_cpu(const at::Tensor& nodes, int64_t node_size, const at::
   return plan;
 }
 
-void nodes_apply_cpu(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+at::Tensor nodes_apply_cpu(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
                      const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
                      const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& first_new) {
   const int64_t m = del_offsets.numel() - 1;
@@ -66,9 +66,16 @@ void nodes_apply_cpu(at::Tensor& nodes, int64_t node_size, const at::Tensor& del
   const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
   update::check_first_new(first_new, m, nodes);
   const int64_t* fn = first_new.data_ptr<int64_t>();
+  at::Tensor applied = at::empty({m, 2}, del_offsets.options());
+  int64_t* out = applied.data_ptr<int64_t>();
   at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
-    for (int64_t b = b0; b < e; ++b) apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(fn[b]));
+    for (int64_t b = b0; b < e; ++b) {
+      const Applied a = apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(fn[b]));
+      out[2 * b] = static_cast<int64_t>(a.removed);
+      out[2 * b + 1] = static_cast<int64_t>(a.found);
+    }
   });
+  return applied;
 }
 
 std::tuple<at::Tensor, at::Tensor> nodes_export_cpu(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {

@@ -29,9 +29,12 @@ __global__ void plan_kernel(Nodes ns, update::Batch batch, int64_t m, int64_t* p
     plan_bucket(ns, b, batch.bucket(b), plan + b * kPlanFields);
 }
 
-__global__ void apply_kernel(Nodes ns, update::Batch batch, int64_t m, const int64_t* first_new) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
-    apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(first_new[b]));
+__global__ void apply_kernel(Nodes ns, update::Batch batch, int64_t m, const int64_t* first_new, int64_t* applied) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x) {
+    const Applied a = apply_bucket(ns, b, batch.bucket(b), static_cast<uint32_t>(first_new[b]));
+    applied[2 * b] = static_cast<int64_t>(a.removed);
+    applied[2 * b + 1] = static_cast<int64_t>(a.found);
+  }
 }
 
 __global__ void chain_sizes_kernel(Nodes ns, int64_t m, int64_t* sizes) {
@@ -87,7 +90,7 @@ at::Tensor nodes_plan_cuda(const at::Tensor& nodes, int64_t node_size, const at:
   return plan;
 }
 
-void nodes_apply_cuda(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
+at::Tensor nodes_apply_cuda(at::Tensor& nodes, int64_t node_size, const at::Tensor& del_keys,
                       const c10::optional<at::Tensor>& del_rows, const at::Tensor& del_offsets, const at::Tensor& ins_keys,
                       const at::Tensor& ins_rows, const at::Tensor& ins_offsets, const at::Tensor& first_new) {
   const c10::cuda::CUDAGuard guard(nodes.device());
@@ -95,8 +98,13 @@ void nodes_apply_cuda(at::Tensor& nodes, int64_t node_size, const at::Tensor& de
   const Nodes ns = update::nodes_view(nodes, node_size, m);
   const update::Batch batch = update::batch_view(nodes, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins_offsets);
   update::check_first_new(first_new, m, nodes);
-  apply_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, first_new.data_ptr<int64_t>());
-  RTX_CHECK_LAUNCH();
+  at::Tensor applied = at::empty({m, 2}, del_offsets.options());
+  if (m > 0) {
+    apply_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(ns, batch, m, first_new.data_ptr<int64_t>(),
+                                                                applied.data_ptr<int64_t>());
+    RTX_CHECK_LAUNCH();
+  }
+  return applied;
 }
 
 std::tuple<at::Tensor, at::Tensor> nodes_export_cuda(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {
