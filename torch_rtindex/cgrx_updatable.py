@@ -164,9 +164,10 @@ class UpdatableCgRXIndex(CgRXIndex):
         return index
 
     # ---------------------------------------------------------------------------------------------- updates
-    def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str, rows_ascending: bool = False):
+    def _sorted_side(self, keys: torch.Tensor | None, rows: torch.Tensor | None, what: str, fresh_rows: bool = False):
         """Maps, validates and sorts one side of a batch by (key, row ID); rows stay None when not given.
-        ``rows_ascending``: the rows are known to ascend (fresh row IDs), so one stable sort by key is enough."""
+        ``fresh_rows``: the rows are the next free row IDs, valid and ascending, so they need no check (a host
+        sync) and one stable sort by key is enough."""
         if keys is None:
             keys = torch.empty(0, dtype=self.key_dtype, device=self.device)
         ordered = self._map_keys(keys, f"{what} keys")
@@ -175,9 +176,10 @@ class UpdatableCgRXIndex(CgRXIndex):
                 raise ValueError(f"{what} rows must be a 1-D tensor with one row ID per key")
             if rows.device != self.device:
                 raise ValueError(f"{what} rows are on {rows.device} but the index is on {self.device}")
-            _check_row_ids(rows, f"{what} rows")
+            if not fresh_rows:
+                _check_row_ids(rows, f"{what} rows")
             rows = rows.to(torch.int64)
-        if rows is not None and not rows_ascending:
+        if rows is not None and not fresh_rows:
             by_row = torch.sort(rows, stable=True).indices
             ordered, rows = ordered[by_row], rows[by_row]
         # Unsigned key order through a signed sort (flip the top bit), stable: equal keys keep their row order.
@@ -244,7 +246,7 @@ class UpdatableCgRXIndex(CgRXIndex):
             if self._next_row + n_ins > MAX_KEYS:
                 raise ValueError("row IDs would exceed 2^32 - 1; pass insert_rows or rebuild")
             insert_rows = torch.arange(self._next_row, self._next_row + n_ins, device=self.device)
-        ik, ir = self._sorted_side(insert_keys, insert_rows, "insert", rows_ascending=fresh_rows)
+        ik, ir = self._sorted_side(insert_keys, insert_rows, "insert", fresh_rows=fresh_rows)
         dk, dr = self._sorted_side(delete_keys, delete_rows, "delete")
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
