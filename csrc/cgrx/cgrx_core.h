@@ -88,8 +88,9 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
 // early: it indexes "units" of the sorted pairs, each with the largest key it holds as its representative.
 //   - Read-only index: a unit is one 64-byte line of the pairs (4 pairs aligned_row, 8 keys column; for
 //     packed_row, whose 12-byte pairs straddle lines, 16 pairs = 3 whole lines), or the bucket where buckets
-//     are smaller. The unit found is a line of its bucket, so the bucket search after it reads one line where
-//     a binary search over the whole bucket reads two or three.
+//     are smaller (units count from the first pair, independent of the buckets). A key's first match lies in
+//     the unit found, so the search after it reads one line where a binary search over the whole bucket
+//     reads two or three.
 //   - Updatable index: a unit is a bucket and its representative the bucket's own, fixed at build time
 //     (node chains have no fixed lines); updates never touch the table.
 // The table over m units:
