@@ -42,7 +42,7 @@ RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, c
   if constexpr (radix) {
     const RadixTable t(table);
     span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
-    const auto unit_rep = [&](uint64_t c) { return p.key(((c + 1) * span < p.n ? (c + 1) * span : p.n) - 1); };
+    const auto unit_rep = [&](uint64_t c) { return p.key(group_last(c, span, p.n)); };
     if (lo > t.first()) begin = t.lower_bound(lo, unit_rep) * span;
   } else if (lo > reps[0]) {
     const uint64_t b = find(lo);

@@ -60,7 +60,6 @@ inline Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pair
   TORCH_CHECK(pairs.has_value(), "the optimized cgRX scene needs the pairs (the sorted keys)");
   const Layout l = pairs_layout_from_int(layout);
   check_bucket_size(bucket_size);
-  check_pairs_tensor(*pairs);
   check_same_device(reps, *pairs, "reps", "pairs");
   const Pairs p = pairs_view(*pairs, l, bucket_size, false);
   TORCH_CHECK(static_cast<int64_t>(p.num_buckets()) == num_reps, "num_reps does not match pairs and bucket_size");
@@ -104,9 +103,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
     TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
   }
   // The table's units: the buckets of an updatable index, lines of the pairs otherwise (cgrx_core.h).
-  const uint64_t units = a.storage.use_nodes ? a.num_reps
-                                             : (a.storage.pairs.n + radix_unit_pairs(l, bucket_size) - 1) /
-                                                   radix_unit_pairs(l, bucket_size);
+  const uint64_t units = a.storage.use_nodes ? a.num_reps : radix_units(a.storage.pairs.n, l, bucket_size);
   TORCH_CHECK(table.numel() == radix_table_words(units), "table does not match the pairs and bucket_size");
   a.reps = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   a.table = table.data_ptr<int32_t>();

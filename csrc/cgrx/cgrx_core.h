@@ -120,6 +120,18 @@ RTX_HD uint64_t radix_unit_pairs(Layout l, uint64_t bucket_size) {
   return bucket_size < line ? bucket_size : line;
 }
 
+// Position of the last of the `group` consecutive pairs that make group g (a bucket or a unit) among n pairs:
+// that pair's key is the group's representative.
+RTX_HD uint64_t group_last(uint64_t g, uint64_t group, uint64_t n) {
+  return ((g + 1) * group < n ? (g + 1) * group : n) - 1;
+}
+
+// How many units the table of a read-only index over n pairs holds.
+RTX_HD uint64_t radix_units(uint64_t n, Layout l, uint64_t bucket_size) {
+  const uint64_t unit = radix_unit_pairs(l, bucket_size);
+  return (n + unit - 1) / unit;
+}
+
 inline int radix_log2_slots(uint64_t units) {
   int r = 0;
   while ((uint64_t(1) << (r + kRadixUnitsPerSlice)) < units && r < 30) ++r;

@@ -49,8 +49,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
         reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n, l);
     RTX_CHECK_LAUNCH();
   }
-  at::Tensor reps = group_lasts_cuda(sorted, bucket_size, current_stream());
-  return {pairs, reps, build_pairs_radix_table_cuda(sorted, reps, l, bucket_size, current_stream())};
+  at::Tensor reps = group_lasts_cuda(sorted, bucket_size);
+  return {pairs, reps, build_pairs_radix_table_cuda(sorted, reps, l, bucket_size)};
 }
 
 at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,

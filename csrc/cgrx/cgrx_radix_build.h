@@ -1,12 +1,16 @@
-// Building the radix table (cgrx_core.h), on the CPU and on CUDA, from the units' representatives. The
-// read-only index builds it over lines of its sorted keys (build_pairs_radix_table_*), the updatable one over
-// its buckets' representatives (build_radix_table_*, no flags: updates may add equal keys later).
+// Building the radix table (cgrx_core.h), on the CPU and on CUDA (on the current stream), from the units'
+// representatives. The read-only index builds it over lines of its sorted keys (build_pairs_radix_table_*), the
+// updatable one over its buckets' representatives (build_radix_table_*, no flags: updates may add equal keys
+// later).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "cgrx_core.h"
+#if defined(__CUDACC__)
+#include "../core/cuda_utils.h"
+#endif
 
 namespace rtindex::cgrx {
 
@@ -16,7 +20,7 @@ inline at::Tensor group_lasts_cpu(const at::Tensor& sorted, int64_t group) {
   at::Tensor out = at::empty({m}, sorted.options());
   const int64_t* s = sorted.data_ptr<int64_t>();
   int64_t* o = out.data_ptr<int64_t>();
-  for (int64_t b = 0; b < m; ++b) o[b] = s[std::min((b + 1) * group, n) - 1];
+  for (int64_t b = 0; b < m; ++b) o[b] = s[group_last(b, group, n)];
   return out;
 }
 
@@ -65,17 +69,17 @@ inline at::Tensor build_pairs_radix_table_cpu(const at::Tensor& sorted, const at
 static __global__ void group_lasts_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t group, uint64_t* out,
                                           int64_t m) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
-    out[b] = sorted[((b + 1) * group < n ? (b + 1) * group : n) - 1];
+    out[b] = sorted[group_last(b, group, n)];
 }
 
-inline at::Tensor group_lasts_cuda(const at::Tensor& sorted, int64_t group, cudaStream_t stream) {
+inline at::Tensor group_lasts_cuda(const at::Tensor& sorted, int64_t group) {
   const int64_t n = sorted.numel(), m = (n + group - 1) / group;
   at::Tensor out = at::empty({m}, sorted.options());
   if (m == 0) return out;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((m + 255) / 256, 65535LL * 8));
-  group_lasts_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, group,
-                                                 reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), m);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  group_lasts_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, group,
+      reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), m);
+  RTX_CHECK_LAUNCH();
   return out;
 }
 
@@ -99,32 +103,28 @@ static __global__ void clear_unique_flag_kernel(const uint64_t* __restrict__ sor
 }
 
 // `sorted`: the index's sorted keys where the flag "no two keys are equal" should be derived from them.
-inline at::Tensor build_radix_table_cuda(const at::Tensor& unit_reps, cudaStream_t stream,
-                                         const at::Tensor* sorted = nullptr) {
+inline at::Tensor build_radix_table_cuda(const at::Tensor& unit_reps, const at::Tensor* sorted = nullptr) {
   const uint64_t m = static_cast<uint64_t>(unit_reps.numel());
   at::Tensor table = at::zeros({radix_table_words(m)}, unit_reps.options().dtype(at::kInt));
   if (m == 0) return table;
   const int bits = radix_log2_slots(m);
   const int64_t work = std::max<int64_t>((int64_t(1) << bits) + 1, static_cast<int64_t>(m));
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, 65535LL * 8));
-  radix_table_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>()), m,
-                                                 bits, sorted ? kRadixUniqueKeys : 0, table.data_ptr<int32_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  radix_table_kernel<<<grid_for(work), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>()), m, bits, sorted ? kRadixUniqueKeys : 0,
+      table.data_ptr<int32_t>());
+  RTX_CHECK_LAUNCH();
   if (sorted && sorted->numel() > 1) {
-    const int64_t n = sorted->numel();
-    const unsigned b = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535LL * 8));
-    clear_unique_flag_kernel<<<b, 256, 0, stream>>>(reinterpret_cast<const uint64_t*>(sorted->data_ptr<int64_t>()), n,
-                                                    table.data_ptr<int32_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    clear_unique_flag_kernel<<<grid_for(sorted->numel()), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(sorted->data_ptr<int64_t>()), sorted->numel(), table.data_ptr<int32_t>());
+    RTX_CHECK_LAUNCH();
   }
   return table;
 }
 
 inline at::Tensor build_pairs_radix_table_cuda(const at::Tensor& sorted, const at::Tensor& bucket_reps, Layout l,
-                                               int64_t bucket_size, cudaStream_t stream) {
+                                               int64_t bucket_size) {
   const int64_t unit = static_cast<int64_t>(radix_unit_pairs(l, static_cast<uint64_t>(bucket_size)));
-  return build_radix_table_cuda(unit == bucket_size ? bucket_reps : group_lasts_cuda(sorted, unit, stream), stream,
-                                &sorted);
+  return build_radix_table_cuda(unit == bucket_size ? bucket_reps : group_lasts_cuda(sorted, unit), &sorted);
 }
 #endif
 

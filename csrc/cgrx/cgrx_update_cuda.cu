@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cuda(cons
                                    starts.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), first_extra.data_ptr<int64_t>());
                                RTX_CHECK_LAUNCH();
                              });
-  return {loaded.nodes, loaded.reps, build_radix_table_cuda(loaded.reps, current_stream()), c10::SymInt(loaded.used)};
+  return {loaded.nodes, loaded.reps, build_radix_table_cuda(loaded.reps), c10::SymInt(loaded.used)};
 }
 
 at::Tensor find_buckets_cuda(const at::Tensor& reps, const at::Tensor& table, const at::Tensor& keys) {
