@@ -270,32 +270,28 @@ class UpdatableCgRXIndex(CgRXIndex):
         ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)
         N = self.node_size
         words = 3 * N + 2
-        nodes, need = self._pairs, self._used
+        nodes = self._pairs
         if ik.numel():
-            # Insertions can split nodes: plan (a bound on each bucket's new nodes), reserve them for the whole
-            # batch, growing the region first if needed, then apply.
-            plan = ops.cgrx_nodes_plan(self._pairs, N, dk, dr, doff, ik, ir, ioff)
-            reserve = plan[:, 5]  # a bound on the nodes each bucket's splits can take (cgrx_nodes.h, split_bound)
+            # Insertions can split nodes: plan first (a bound on each bucket's new nodes, cgrx_nodes.h
+            # split_bound), so that the nodes are reserved for the whole batch before anything changes.
+            plan = ops.cgrx_nodes_plan(nodes, N, dk, dr, doff, ik, ir, ioff)
+            reserve = plan[:, 5]
             first_new = torch.cumsum(reserve, 0) - reserve + self._used
-            found = plan[:, 4].sum()
-            removed = (plan[:, 0] - plan[:, 2]).sum() + cancelled
-            absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - found
-            sums = torch.stack([reserve.sum(), removed, torch.as_tensor(absent, device=plan.device)])
-            total_extra, removed, absent = sums.tolist()  # the update's one host sync
-            capacity = nodes.numel() // words
-            need = self._used + total_extra
-            if need > capacity:  # grow before touching anything: a failed allocation leaves the index as it was
+            extra, removed, found = reserve.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()
+        else:
+            # Deletions alone reserve nothing: no plan, the apply itself counts what it removed and found.
+            first_new = torch.zeros(self.num_buckets, dtype=torch.int64, device=self.device)
+            removed, found = ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new).sum(0)
+            extra = torch.zeros_like(removed)
+        absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - found
+        extra, removed, absent = torch.stack([extra, removed + cancelled, absent]).tolist()  # the one host sync
+        need = self._used + extra
+        if ik.numel():
+            if need > nodes.numel() // words:  # grow before touching anything: a failed allocation changes nothing
                 grown = torch.empty(int(need * self.growth + 1) * words, dtype=torch.int32, device=self.device)
                 grown[: self._used * words] = nodes[: self._used * words]
                 nodes = grown
             ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new)
-        else:
-            # Deletions alone reserve nothing: no plan, the apply counts what it removed and found.
-            first_new = torch.zeros(self.num_buckets, dtype=torch.int64, device=self.device)
-            applied = ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new).sum(0)
-            absent = (~found_by_key).sum() if found_by_key is not None else dk.numel() - applied[1]
-            sums = torch.stack([applied[0] + cancelled, torch.as_tensor(absent, device=applied.device)])
-            removed, absent = sums.tolist()  # the update's one host sync
         self._pairs = nodes
         self._used = need
         self._n += n_ins - removed
