@@ -1,8 +1,9 @@
 """cgRX radix point lookups next to the hash-table baseline, small enough to run under Nsight Compute: 2^26
 uniform 64-bit keys, 2^25 lookups, each lookup run twice (the second is the warm one to read).
 
-    ncu --clock-control none -k regex:'search_kernel|radix_tile_kernel|lookup_kernel' \\
-        --section SpeedOfLight --section MemoryWorkloadAnalysis_Tables python3 benchmarks/profile_cgrx.py
+    ncu --clock-control none -k regex:'search_kernel|lookup_kernel' --launch-skip 2 --launch-count 2 \\
+        --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
+        python3 benchmarks/profile_cgrx.py --layout aligned_row
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--log-keys", type=int, default=26)
     ap.add_argument("--log-lookups", type=int, default=25)
     ap.add_argument("--bucket-size", type=int, default=16)
-    ap.add_argument("--layout", default="packed_row")
+    ap.add_argument("--layout", default="auto", help="as CgRXIndex's layout (auto: aligned_row with the radix table)")
     ap.add_argument("--l2-fetch-bytes", type=int, default=0,
                     help="diagnostic: cudaLimitMaxL2FetchGranularity for this process (0: leave the driver's default)")
     args = ap.parse_args()
