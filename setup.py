@@ -27,6 +27,7 @@ setup(
     version="0.1.0",
     description="GPU database indexes (RX, cgRX) that turn lookups into ray tracing, as PyTorch operators",
     packages=find_packages(include=["torch_rtindex", "torch_rtindex.*"]),
+    package_data={"torch_rtindex": ["py.typed"]},
     python_requires=">=3.10",
     # torch is deliberately unpinned above 2.4: install the build you want (CPU or CUDA) first.
     install_requires=["torch>=2.4", "ninja"],

@@ -47,6 +47,8 @@ TORCH_LIBRARY(rtindex, m) {
   // Key mapping.
   m.def("map_keys(Tensor keys, int key_type) -> Tensor");
   m.def("map_ranges(Tensor lo, Tensor hi, int key_type) -> (Tensor, Tensor)");
+  // The inverse of map_keys into a tensor of `dtype` (what an index exports for its state).
+  m.def("unmap_keys(Tensor ordered, int key_type, ScalarType dtype) -> Tensor");
   // Query order: ordered keys sorted by their bits [begin_bit, end_bit) (a stable radix sort of those bits
   // only), with each sorted key's position in the input. Lookups in key order walk the index coherently.
   m.def("sort_queries(Tensor keys, int begin_bit, int end_bit) -> (Tensor sorted_keys, Tensor order)");
@@ -73,6 +75,8 @@ TORCH_LIBRARY(rtindex, m) {
   // cgrx_build; `scene_structure` is the representatives' OptiX GAS (CUDA) or triangles (CPU) from
   // cgrx_build_scene. backend: 0 = radix table, 1 = OptiX rays, 2 = binary search over the representatives.
   m.def("cgrx_build(Tensor keys, int bucket_size, int layout) -> (Tensor pairs, Tensor reps, Tensor table)");
+  // The sorted pairs back as (ordered keys, int64 row IDs), in (key, row ID) order: what the index holds.
+  m.def("cgrx_pairs_export(Tensor pairs, int layout) -> (Tensor keys, Tensor rows)");
   // representation: 0 = naive (markers at x = -1), 1 = optimized (the paper's §3.3; needs the pairs, bucket_size
   // and layout cgrx_build was given, for the key after each representative).
   m.def(
@@ -115,6 +119,9 @@ TORCH_LIBRARY(rtindex, m) {
       "cgrx_nodes_apply(Tensor(a!) nodes, int node_size, Tensor del_keys, Tensor? del_rows, Tensor del_offsets, "
       "Tensor ins_keys, Tensor ins_rows, Tensor ins_offsets, Tensor first_new) -> Tensor applied");
   m.def("cgrx_nodes_export(Tensor nodes, int node_size, int num_buckets) -> (Tensor keys, Tensor rows)");
+  // Per bucket: nodes in its chain, pairs, and node reads of a lookup of each pair summed (the rebuild policy's
+  // measure of how far updates have stretched the chains), [num_buckets, 3] int64.
+  m.def("cgrx_nodes_stats(Tensor nodes, int node_size, int num_buckets) -> Tensor");
 
   // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.
   m.def("scene_triangles(Tensor keys, int[] scene) -> Tensor");

@@ -90,7 +90,7 @@ def check_pairs(index, ref, what):
 
 
 def test_a_full_node_splits_in_half(device):
-    index = UpdatableCgRXIndex(torch.arange(4, device=device), node_size=8)  # one bucket, its node half full
+    index = UpdatableCgRXIndex(torch.arange(4, device=device), node_size=8, max_node_reads=None)  # one bucket, its node half full
     assert chains(index) == [[4]]
     index.insert(torch.arange(4, 8, device=device))
     assert chains(index) == [[8]]  # full, not split yet

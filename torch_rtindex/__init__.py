@@ -18,7 +18,7 @@ from .cgrx_updatable import UpdatableCgRXIndex
 from .results import Aggregate, CappedMatches, CappedPairs, Lookup, Matches, UpdateResult
 from .rx import RXIndex
 from .scene import SceneConfig
-from .embedding import IdToRow
+from .embedding import IdToRow, MissingIdError
 from .join import join, join_capped, range_join, range_join_capped
 
 __version__ = "0.1.0"
@@ -45,4 +45,4 @@ def optix_info(device: int | torch.device | None = None) -> dict:
 
 __all__ = ["RXIndex", "CgRXIndex", "UpdatableCgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
 __all__ += ["IdToRow", "join", "range_join", "join_capped", "range_join_capped", "CappedMatches", "CappedPairs"]
-__all__ += ["UpdateResult"]
+__all__ += ["UpdateResult", "MissingIdError"]

@@ -9,6 +9,7 @@ the device (:meth:`IndexBase._kept_tensors`), its state entries and how to build
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import Any, ClassVar, TypeVar
 
@@ -64,6 +65,25 @@ def resolve_device(device: torch.device | str | int) -> torch.device:
     return d
 
 
+def check_int(value: Any, name: str, lo: int, hi: int) -> int:
+    """An integer argument (Python int, numpy integer or anything with __index__, never a bool) in [lo, hi]."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    v = operator.index(value)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in {lo} .. {hi}, got {v}")
+    return v
+
+
+def format_bytes(n: int) -> str:
+    """Bytes for people: 512 B, 3.4 KiB, 12.0 MiB, 1.1 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def _article(name: str) -> str:
     return "an" if name[:1] in "AEIOUR" else "a"
 
@@ -92,8 +112,18 @@ class IndexBase:
     #: on CUDA, for indexes that trace rays (where it pays most; see benchmarks/results), and batches of at
     #: least QUERY_SORT_MIN_BATCH queries. ``True`` / ``False`` force it; answers are identical either way.
     #: The sort (a radix sort over QUERY_SORT_BITS bits) is counted in every lookup time the benchmarks report.
-    sort_queries: bool | None = None
+    _sort_queries: bool | None = None
     _query_bits: tuple[int, int] = (0, 0)
+
+    @property
+    def sort_queries(self) -> bool | None:
+        return self._sort_queries
+
+    @sort_queries.setter
+    def sort_queries(self, value: bool | None) -> None:
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"sort_queries must be True, False or None (decide per batch), got {value!r}")
+        self._sort_queries = value
 
     # ------------------------------------------------------------------------------------ subclass hooks
     def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
@@ -151,17 +181,10 @@ class IndexBase:
         smallest, largest = (ordered[0], ordered[-1]) if already_sorted else torch.aminmax(ordered)
         self._query_bits = query_sort_bits(int(smallest), int(largest))
 
-    def _set_source(self, keys: torch.Tensor) -> None:
-        self._source = keys  # the caller's tensor, as given, for state_dict()
-        self._source_version = _version_counter(keys)
-
-    def _checked_source(self) -> torch.Tensor:
-        if self._source_version is not None and _version_counter(self._source) != self._source_version:
-            raise RuntimeError(
-                "the key tensor this index was built from was modified in place afterwards, so it no longer holds "
-                "the indexed keys; call index.rebuild(keys) to index the new values, or save before modifying"
-            )
-        return self._source
+    def _keys_from_ordered(self, ordered: torch.Tensor) -> torch.Tensor:
+        """Ordered keys (row order) back in the index's key dtype: what state_dict() saves, taken from the
+        index's own structure, so a saved state equals the index even if the caller's key tensor changed since."""
+        return _ops().unmap_keys(ordered, KEY_TYPES[self.key_type], self.key_dtype)
 
     def _all_or_nothing(self, build, *args: Any, **kwargs: Any) -> None:
         """Runs ``build``; if it raises, the index is restored exactly as it was."""
@@ -252,8 +275,8 @@ class IndexBase:
     def _wants_query_sort(self, n: int) -> bool:
         if self._query_bits[1] == 0 or n >= 2**31:
             return False  # one distinct key (or none): nothing to order by; the sort takes < 2^31 keys
-        if self.sort_queries is not None:
-            return bool(self.sort_queries)
+        if self._sort_queries is not None:
+            return self._sort_queries
         return self.device.type == "cuda" and self._traces_rays() and n >= QUERY_SORT_MIN_BATCH
 
     def _per_query(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str,
@@ -282,11 +305,12 @@ class IndexBase:
 
     @staticmethod
     def _capacity(capacity: int | torch.SymInt) -> int | torch.SymInt:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, torch.SymInt)):
-            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
-        if capacity < 0:
+        if isinstance(capacity, torch.SymInt):
+            return capacity
+        if hasattr(type(capacity), "__index__") and not isinstance(capacity, bool) and operator.index(capacity) < 0:
             raise ValueError(f"capacity must be non-negative, got {capacity}")
-        return capacity
+        # The rows are allocated up front (8 bytes each), so a capacity past 2^62 can never be met.
+        return check_int(capacity, "capacity", 0, 2**62)
 
     def _op(self, form: str):
         return getattr(_ops(), f"{self._OPS}_{form}")

@@ -105,6 +105,11 @@ def _cxx_for_build(build_dir: Path) -> str | None:
     cxx = os.environ.get("CXX")
     if not cxx:
         return None
+    if shutil.which(cxx.split()[0]) is None:
+        raise RuntimeError(
+            f"torch_rtindex: $CXX={cxx!r} names no compiler on this PATH, so the extension cannot be built; "
+            "unset CXX or point it at an installed C++ compiler (g++, clang++)"
+        )
     probe_dir = build_dir / "cxx_probe"
     probe_dir.mkdir(exist_ok=True)
     src = probe_dir / "probe.cpp"
@@ -174,9 +179,13 @@ def load() -> dict:
     # The linker is part of the build's identity: a changed compiler must rebuild, not reuse, the library.
     cxx_tag = int(hashlib.sha256((cxx or os.environ.get("CXX", "c++")).encode()).hexdigest()[:7], 16)
     defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}", f"-DRTINDEX_CXX_TAG={cxx_tag}"]
-    cflags = ["-O3", "-std=c++17", *defines]
-    cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", *defines, *_cuda_arch_flags()]
-    ldflags = ["-ldl"]
+    # OpenMP: at::parallel_for is a header template whose `omp parallel` only exists where the including file is
+    # compiled with -fopenmp; without it every CPU kernel runs on one core. The .cu files get it too, since inline
+    # CPU helpers they share with the .cpp files must not be emitted in a serial version the linker may keep.
+    # The runtime is the libgomp torch already loaded (same soname), so torch.set_num_threads governs it.
+    cflags = ["-O3", "-std=c++17", "-fopenmp", *defines]
+    cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", *defines, *_cuda_arch_flags()]
+    ldflags = ["-ldl", "-fopenmp"]
     digest = _sources_digest([], sources + cflags + cuda_flags + ldflags)
     info_path = build_dir / "build_info.json"
 

@@ -20,6 +20,11 @@ def _(keys, key_type):
     return keys.new_empty(keys.shape, dtype=torch.int64)
 
 
+@register_fake("rtindex::unmap_keys")
+def _(ordered, key_type, dtype):
+    return ordered.new_empty(ordered.shape, dtype=dtype)
+
+
 @register_fake("rtindex::map_ranges")
 def _(lo, hi, key_type):
     return lo.new_empty(lo.shape, dtype=torch.int64), hi.new_empty(hi.shape, dtype=torch.int64)
@@ -87,6 +92,17 @@ def _(queries, scene):
 def _(lo, hi, scene, max_range_rays):
     n = _dynamic_size()
     return lo.new_empty((n,), dtype=torch.int64), lo.new_empty((n, 8), dtype=torch.float32)
+
+
+@register_fake("rtindex::cgrx_nodes_stats")
+def _(nodes, node_size, num_buckets):
+    return nodes.new_empty((num_buckets, 3), dtype=torch.int64)
+
+
+@register_fake("rtindex::cgrx_pairs_export")
+def _(pairs, layout):
+    n = pairs.shape[0] // (4 if layout == 1 else 3)  # words per pair (cgrx_core.h layout_words)
+    return pairs.new_empty((n,), dtype=torch.int64), pairs.new_empty((n,), dtype=torch.int64)
 
 
 @register_fake("rtindex::cgrx_build")

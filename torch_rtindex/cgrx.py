@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
 from ._keys import resolve_key_type
 from .scene import SceneConfig
 
@@ -77,8 +77,8 @@ class CgRXIndex(IndexBase):
 
     Lookups (shared by every index): :meth:`lookup`, :meth:`lookup_all`, :meth:`lookup_all_capped`,
     :meth:`range`, :meth:`range_capped`, :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate`.
-    Range results come in (key, row ID) order. Like :class:`RXIndex`, the index keeps a reference to ``keys``
-    for :meth:`state_dict`, which refuses to save once that tensor was modified in place.
+    Range results come in (key, row ID) order. The index keeps no reference to ``keys``: :meth:`state_dict`
+    exports the keys from the index itself.
     """
 
     _OPS = "cgrx"
@@ -100,8 +100,7 @@ class CgRXIndex(IndexBase):
     ) -> None:
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
-        if not isinstance(bucket_size, int) or not 1 <= bucket_size <= 2**30:
-            raise ValueError(f"bucket_size must be an integer in 1 .. 2^30, got {bucket_size!r}")
+        bucket_size = check_int(bucket_size, "bucket_size", 1, 2**30)
         if layout != "auto" and layout not in LAYOUTS:
             raise ValueError(f"layout must be 'auto' or one of {sorted(LAYOUTS)}, got {layout!r}")
         if bucket_search not in BUCKET_SEARCHES:
@@ -138,7 +137,6 @@ class CgRXIndex(IndexBase):
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._note_key_span(ordered)
-        self._set_source(keys)
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys. All-or-nothing: on error the index is unchanged."""
@@ -166,10 +164,16 @@ class CgRXIndex(IndexBase):
         )
 
     # ---------------------------------------------------------------------------------- state and devices
+    def _held_keys(self) -> torch.Tensor:
+        """The keys in row order, read back from the sorted pairs (row IDs are the positions 0 .. n - 1)."""
+        sorted_keys, rows = _ops().cgrx_pairs_export(self._pairs, LAYOUTS[self.layout])
+        ordered = torch.empty_like(sorted_keys).index_copy_(0, rows, sorted_keys)
+        return self._keys_from_ordered(ordered)
+
     def _state_entries(self) -> dict[str, Any]:
-        """The keys as given (the caller's tensor, as :meth:`RXIndex.state_dict`) and the configuration."""
+        """The indexed keys, exported from the pairs (as :meth:`RXIndex.state_dict`), and the configuration."""
         return {
-            "keys": self._checked_source(),
+            "keys": self._held_keys(),
             "key_type": self.key_type,
             "bucket_size": self.bucket_size,
             "layout": self.requested_layout,
@@ -214,5 +218,5 @@ class CgRXIndex(IndexBase):
         return (
             f"CgRXIndex(keys={self._n}, key_type={self.key_type}, device={self.device}, "
             f"bucket_size={self.bucket_size}, buckets={self.num_buckets}, layout={self.layout}, "
-            f"bucket_search={self.bucket_search}, backend={self.backend}, memory={mem / 2**20:.1f} MiB)"
+            f"bucket_search={self.bucket_search}, backend={self.backend}, memory={format_bytes(mem)})"
         )

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ._keys import MAX_KEYS
+from ._base import format_bytes
 from .cgrx import CgRXIndex, _ops
 from .results import UpdateResult
 from .scene import SceneConfig
@@ -24,10 +25,41 @@ from .scene import SceneConfig
 NODES_LAYOUT = 3
 
 
+#: Largest accepted ``growth``: spare node space is a fraction of what is in use, and a larger factor only
+#: reserves memory that nothing will use.
+MAX_GROWTH = 16.0
+#: Default of ``max_node_reads``: lookups read about that many chain nodes per match before a rebuild, against
+#: 1.0 for a freshly built index.
+DEFAULT_MAX_NODE_READS = 1.25
+
+
 def _check_row_ids(rows: torch.Tensor, what: str) -> None:
-    """Row IDs are 0 .. 2^32 - 2 (stored as 32 bits; 2^32 - 1 is no row). One host sync."""
-    if rows.numel() and bool(((rows < 0) | (rows > MAX_KEYS - 1)).any()):
+    """Row IDs are integers in 0 .. 2^32 - 2 (stored as 32 bits; 2^32 - 1 is no row). One host sync."""
+    if rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == torch.bool:
+        raise TypeError(f"{what} must be an integer tensor of row IDs, got {rows.dtype}; convert with .long()")
+    wide = rows.to(torch.int64)  # narrower integer dtypes cannot hold the bound
+    if rows.numel() and bool(((wide < 0) | (wide > MAX_KEYS - 1)).any()):
         raise ValueError(f"{what} must be row IDs in 0 .. 2^32 - 2")
+
+
+def _check_growth(growth: Any) -> float:
+    if isinstance(growth, bool) or not isinstance(growth, (int, float)) and not hasattr(growth, "__float__"):
+        raise TypeError(f"growth must be a number in 1.0 .. {MAX_GROWTH}, got {type(growth).__name__}")
+    g = float(growth)
+    if not 1.0 <= g <= MAX_GROWTH:  # also rejects NaN
+        raise ValueError(f"growth must be in 1.0 .. {MAX_GROWTH} (spare node space as a factor), got {growth!r}")
+    return g
+
+
+def _check_max_node_reads(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        raise TypeError(f"max_node_reads must be a number >= 1.0 or None, got {type(value).__name__}")
+    v = float(value)
+    if not v >= 1.0 or v == float("inf"):
+        raise ValueError(f"max_node_reads must be a finite number >= 1.0 or None (never rebuild), got {value!r}")
+    return v
 
 
 class UpdatableCgRXIndex(CgRXIndex):
@@ -37,7 +69,12 @@ class UpdatableCgRXIndex(CgRXIndex):
     Args:
         keys, key_type, backend, scene: as for :class:`CgRXIndex`.
         node_size: pairs per node (default 32, even); buckets are bulk-loaded with node_size / 2 pairs.
-        growth: spare node capacity reserved beyond what a build or update needs (fraction, >= 1).
+        growth: spare node capacity reserved beyond what a build or update needs (a factor in 1 .. 16).
+        max_node_reads: the rebuild policy. Updates that land in few buckets (an append workload: ever larger
+            keys all go to the last bucket) stretch those buckets' chains, and a lookup walks its chain. After
+            each update the index measures the mean number of nodes a lookup of a stored pair reads (1.0 when
+            freshly built; :meth:`stats`) and calls :meth:`rebuild` when it exceeds this value. ``None``: never
+            (then watch :meth:`stats` yourself).
 
     An update mutates the node region in place on the current CUDA stream: order it after lookups running on
     other streams (``wait_stream``) as for any in-place tensor operation.
@@ -57,13 +94,15 @@ class UpdatableCgRXIndex(CgRXIndex):
         backend: str = "auto",
         scene: SceneConfig | None = None,
         growth: float = 1.25,
+        max_node_reads: float | None = DEFAULT_MAX_NODE_READS,
     ) -> None:
-        if not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
+        if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
             raise ValueError(f"node_size must be an even integer in 2 .. 4096, got {node_size!r}")
-        if not growth >= 1.0:
-            raise ValueError(f"growth must be at least 1.0, got {growth!r}")
         self.node_size = node_size
-        self.growth = float(growth)
+        self.growth = _check_growth(growth)
+        self.max_node_reads = _check_max_node_reads(max_node_reads)
+        self.auto_rebuilds = 0
+        self._node_reads = 1.0
         super().__init__(keys, key_type=key_type, bucket_size=node_size // 2, backend=backend, scene=scene)
 
     # ------------------------------------------------------------------------------------------------ build
@@ -79,6 +118,7 @@ class UpdatableCgRXIndex(CgRXIndex):
         # Given row IDs (a state, a rebuild) may skip some: the next free one is past the largest.
         self._next_row = ordered.numel() if given_rows is None or not given_rows.numel() else int(given_rows.max()) + 1
         self.num_buckets = reps.numel()
+        self._node_reads = 1.0  # a bulk load puts every bucket in one node
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
         else:
@@ -240,6 +280,10 @@ class UpdatableCgRXIndex(CgRXIndex):
         out of memory) the index is exactly as it was and the error says why.
         """
         ops = _ops()
+        for name, t in (("insert_keys", insert_keys), ("insert_rows", insert_rows), ("delete_keys", delete_keys),
+                        ("delete_rows", delete_rows)):
+            if t is not None and not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
         n_ins = 0 if insert_keys is None else int(insert_keys.numel())
         fresh_rows = insert_rows is None
         if fresh_rows:
@@ -299,7 +343,44 @@ class UpdatableCgRXIndex(CgRXIndex):
             self._next_row += n_ins
         elif insert_rows.numel():
             self._next_row = max(self._next_row, int(insert_rows.max()) + 1)
+        if ik.numel() and self.max_node_reads is not None:
+            self._apply_rebuild_policy()
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=insert_rows)
+
+    def _chain_totals(self) -> tuple[int, int, int, int]:
+        """(nodes in chains, pairs, node reads summed over the pairs, longest chain); one host sync."""
+        per_bucket = _ops().cgrx_nodes_stats(self._pairs, self.node_size, self.num_buckets)
+        nodes, pairs, reads = per_bucket.sum(0).tolist()
+        longest = int(per_bucket[:, 0].max()) if self.num_buckets else 0
+        return nodes, pairs, reads, longest
+
+    def _apply_rebuild_policy(self) -> None:
+        """Only insertions lengthen chains (deletions leave nodes in place), so only they are checked."""
+        _, pairs, reads, _ = self._chain_totals()
+        self._node_reads = reads / pairs if pairs else 1.0
+        if self._node_reads > self.max_node_reads:
+            self.rebuild()  # all-or-nothing: if it fails, the updated (uncompacted) index stays as it is
+            self.auto_rebuilds += 1
+
+    def stats(self) -> dict[str, Any]:
+        """How far updates have stretched the node chains (one host synchronization on CUDA).
+
+        - ``mean_node_reads``: nodes a lookup of a stored pair reads, averaged over the pairs (1.0 after a
+          build; lookups slow down about in proportion); the rebuild policy compares it with ``max_node_reads``;
+        - ``longest_chain`` / ``mean_chain``: nodes per bucket; ``buckets``, ``nodes``, ``pairs``;
+        - ``auto_rebuilds``: rebuilds the policy has run so far.
+        """
+        nodes, pairs, reads, longest = self._chain_totals()
+        return {
+            "buckets": self.num_buckets,
+            "nodes": nodes,
+            "pairs": pairs,
+            "longest_chain": longest,
+            "mean_chain": nodes / self.num_buckets if self.num_buckets else 0.0,
+            "mean_node_reads": reads / pairs if pairs else 1.0,
+            "max_node_reads": self.max_node_reads,
+            "auto_rebuilds": self.auto_rebuilds,
+        }
 
     def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
         """Inserts keys (row IDs given, or the next free ones)."""
@@ -321,6 +402,6 @@ class UpdatableCgRXIndex(CgRXIndex):
         return (
             f"UpdatableCgRXIndex(keys={self._n}, key_type={self.key_type}, device={self.device}, "
             f"node_size={self.node_size}, buckets={self.num_buckets}, nodes={self._used}, "
-            f"backend={self.backend}, memory={mem / 2**20:.1f} MiB)"
+            f"backend={self.backend}, memory={format_bytes(mem)})"
         )
 

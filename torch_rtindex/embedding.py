@@ -32,9 +32,9 @@ class MissingIdError(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-@torch.compiler.disable
 def _raise_on_misses(rows: torch.Tensor, ids: torch.Tensor) -> None:
-    """miss="error": one host sync to learn whether any ID missed; runs outside any compiled graph."""
+    """miss="error": one host sync to learn whether any ID missed; runs outside any compiled graph (see
+    _eager_miss_check)."""
     missed = rows < 0
     if bool(missed.any()):
         bad = ids.reshape(-1)[missed.reshape(-1)]
@@ -43,6 +43,18 @@ def _raise_on_misses(rows: torch.Tensor, ids: torch.Tensor) -> None:
             f"IdToRow: {bad.numel()} of {ids.numel()} IDs are not in the table (e.g. {examples}); "
             "use miss='default' or miss='minus_one' to map unknown IDs instead"
         )
+
+
+_eager_miss_check = None
+
+
+def _miss_check():
+    """_raise_on_misses behind torch.compiler.disable, made on first use: the decorator imports torch._dynamo,
+    which would otherwise cost every `import torch_rtindex` most of its time."""
+    global _eager_miss_check
+    if _eager_miss_check is None:
+        _eager_miss_check = torch.compiler.disable(_raise_on_misses)
+    return _eager_miss_check
 
 
 INDEX_KINDS = {"cgrx": CgRXIndex, "rx": RXIndex}
@@ -127,15 +139,18 @@ class IdToRow(torch.nn.Module):
 
         ``ids`` must have the dtype and device of the table's IDs.
         """
-        if not torch.compiler.is_compiling() and not self._index_is_current():
-            self.rebuild()
+        if not torch.compiler.is_compiling():
+            if not isinstance(ids, torch.Tensor):
+                raise TypeError(f"IdToRow takes a torch.Tensor of IDs, got {type(ids).__name__}")
+            if not self._index_is_current():
+                self.rebuild()
         if self._index is None:
             raise RuntimeError(f"IdToRow holds no index on device {self.ids.device}; move it to a real device")
         rows = self._index.lookup(ids.reshape(-1).contiguous()).first_row.view(ids.shape)
         if self.miss == "default":
             rows = torch.where(rows < 0, self.default_row, rows)
         elif self.miss == "error":
-            _raise_on_misses(rows, ids)
+            _miss_check()(rows, ids)
         return rows
 
     def __len__(self) -> int:

@@ -27,8 +27,6 @@ import torch
 from .results import CappedMatches, CappedPairs, Matches
 
 JOIN_TYPES = ("inner", "left")
-_ROW_BITS = 32  # row IDs are below 2^32: (probe << 32) + row orders pairs by probe, then row
-_LAST = torch.iinfo(torch.int64).max  # sorts after every (probe, row) key
 
 
 class JoinIndex(Protocol):
@@ -47,9 +45,22 @@ class CappedJoinIndex(Protocol):
     def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches: ...
 
 
-def _check_how(how: str) -> None:
+def _check_how(index: object, how: str, method: str) -> None:
+    if not callable(getattr(index, method, None)):
+        raise TypeError(
+            f"a join's first argument is the build side's index (e.g. CgRXIndex(build_keys)), which needs a "
+            f"{method}() method; got {type(index).__name__}"
+        )
     if how not in JOIN_TYPES:
         raise ValueError(f"how must be one of {JOIN_TYPES}, got {how!r}")
+
+
+def _by_owner_then_row(owner: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """rows reordered by (owner, row): a stable sort by row, then a stable sort by owner. Two sorts rather than
+    one over a packed (owner << 32) + row key, since row IDs of the chunked and sharded indexes exceed 32 bits."""
+    by_row = torch.sort(rows, stable=True).indices
+    by_owner = torch.sort(owner[by_row], stable=True).indices
+    return rows[by_row[by_owner]]
 
 
 def _range_rows_sorted(index: object) -> bool:
@@ -60,15 +71,13 @@ def _range_rows_sorted(index: object) -> bool:
 
 def _sorted_by_row(matches: Matches) -> Matches:
     """The same CSR with each query's rows in ascending order."""
-    composite = (matches.query_ids() << _ROW_BITS) + matches.rows
-    return Matches(matches.offsets, torch.sort(composite).values & 0xFFFFFFFF)
+    return Matches(matches.offsets, _by_owner_then_row(matches.query_ids(), matches.rows))
 
 
 def _capped_sorted_by_row(m: CappedMatches) -> CappedMatches:
-    owner = m.query_ids()  # -1 past the stored matches, which keep sorting last
-    composite = torch.where(owner >= 0, (owner << _ROW_BITS) + m.rows, _LAST)
-    rows = torch.where(owner >= 0, torch.sort(composite).values & 0xFFFFFFFF, -1)
-    return CappedMatches(m.offsets, rows, m.total)
+    owner = m.query_ids()  # -1 past the stored matches: moved past every owner so they keep sorting last
+    owner = torch.where(owner >= 0, owner, torch.iinfo(torch.int64).max)
+    return CappedMatches(m.offsets, _by_owner_then_row(owner, m.rows), m.total)
 
 
 def _pairs(matches: Matches, how: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +133,7 @@ def join(index: JoinIndex, probe_keys: torch.Tensor, how: str = "inner") -> tupl
         ``(probe_positions, build_rows)``: int64 tensors of equal length, one entry per pair, ordered by
         probe position and then by build row (ascending).
     """
-    _check_how(how)
+    _check_how(index, how, "lookup_all")
     return _pairs(index.lookup_all(probe_keys), how)
 
 
@@ -143,7 +152,7 @@ def range_join(
         ``(probe_positions, build_rows)`` as in :func:`join` (a cgRX index's key-ordered range answer is
         re-sorted by build row).
     """
-    _check_how(how)
+    _check_how(index, how, "range")
     matches = index.range(lo, hi)
     return _pairs(matches if _range_rows_sorted(index) else _sorted_by_row(matches), how)
 
@@ -157,7 +166,7 @@ def join_capped(index: CappedJoinIndex, probe_keys: torch.Tensor, capacity: int,
         :class:`~torch_rtindex.CappedPairs` ``(probe, build, total)``; entries past ``min(total, capacity)``
         are -1, and ``total > capacity`` means the pairs were cut (retry with a larger capacity).
     """
-    _check_how(how)
+    _check_how(index, how, "lookup_all_capped")
     return _capped_pairs(index.lookup_all_capped(probe_keys, capacity), how)
 
 
@@ -165,6 +174,6 @@ def range_join_capped(
     index: CappedJoinIndex, lo: torch.Tensor, hi: torch.Tensor, capacity: int, how: str = "inner"
 ) -> CappedPairs:
     """:func:`range_join` into ``capacity`` pairs, with the true pair count (see :func:`join_capped`)."""
-    _check_how(how)
+    _check_how(index, how, "range_capped")
     m = index.range_capped(lo, hi, capacity)
     return _capped_pairs(m if _range_rows_sorted(index) else _capped_sorted_by_row(m), how)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
 from ._keys import resolve_key_type
 from .scene import RX_DEFAULT, SceneConfig
 
@@ -36,8 +36,8 @@ class RXIndex(IndexBase):
             quarter row: segments are at most 2^21 slots, see csrc/core/scene.h); a range needing more rays
             than this is answered by scanning the keys instead (same answer, cost O(n)).
 
-    The index keeps a reference to ``keys`` (no copy) for :meth:`state_dict`; modifying that tensor in place
-    afterwards does not change the index (call :meth:`rebuild`), and :meth:`state_dict` then refuses to save it.
+    The index holds its own ordered copy of the keys: modifying ``keys`` in place afterwards changes neither the
+    index nor its :meth:`state_dict` (call :meth:`rebuild` to index new values).
     Lookups work inside ``torch.compile(fullgraph=True)``; see the README for the CSR-returning ones. On CUDA
     every lookup is an OptiX launch, which cannot be captured in a CUDA graph (refused with an error).
 
@@ -68,9 +68,7 @@ class RXIndex(IndexBase):
         self.device = keys.device
         self.scene = scene or RX_DEFAULT
         self.allow_update = bool(allow_update)
-        if int(max_range_rays) < 1:
-            raise ValueError(f"max_range_rays must be at least 1, got {max_range_rays}")
-        self.max_range_rays = int(max_range_rays)
+        self.max_range_rays = check_int(max_range_rays, "max_range_rays", 1, 2**31 - 1)
         self._build(keys)
 
     # ----------------------------------------------------------------------------------------------- build
@@ -79,12 +77,13 @@ class RXIndex(IndexBase):
         self._keys = ordered
         self._structure = _ops().rx_build(ordered, self.scene.as_list(), self.allow_update)
         self._note_keys(ordered)
-        self._set_source(keys)
 
     def _note_keys(self, ordered: torch.Tensor) -> None:
         """What the lookups need to know of the keys, from one sort: whether they are unique (a point lookup
         may then stop at its first hit) and their span (the query sort's bits)."""
-        s = torch.sort(ordered).values
+        # On the CPU the structure is the sorted keys already (unsigned order; either order serves, see
+        # query_sort_bits); on CUDA it is a BVH, so sort once here.
+        s = self._structure[0] if self.device.type == "cpu" else torch.sort(ordered).values
         self.unique_keys = not bool((s[1:] == s[:-1]).any())
         self._note_key_span(s, already_sorted=True)
 
@@ -99,13 +98,14 @@ class RXIndex(IndexBase):
         """
         if not self.allow_update:
             raise RuntimeError("refit needs an index built with allow_update=True; use rebuild() otherwise")
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         if keys.numel() != self._keys.numel():
             raise ValueError(f"refit keeps the number of keys ({self._keys.numel()}), got {keys.numel()}")
         ordered = self._map_keys(keys)
         _ops().rx_refit(self._structure, ordered, self.scene.as_list())
         self._keys = ordered
         self._note_keys(ordered)
-        self._set_source(keys)
 
     # --------------------------------------------------------------------------------------------- lookups
     def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
@@ -125,21 +125,18 @@ class RXIndex(IndexBase):
 
     # ---------------------------------------------------------------------------------- state and devices
     def state_dict(self) -> dict[str, Any]:
-        """The keys as given to the constructor (or the last :meth:`rebuild` / :meth:`refit`) plus the configuration.
+        """The indexed keys (as of the constructor, or the last :meth:`rebuild` / :meth:`refit`) plus the configuration.
 
-        Holds no BVH: loading builds a new one. The ``"keys"`` entry is the caller's tensor itself (not a copy),
-        with its dtype and device; everything else is a plain str/int/bool/list, so
+        Holds no BVH: loading builds a new one. The ``"keys"`` entry is a new tensor exported from the index
+        itself, in the key dtype, on the index's device, so the state equals the index even when the caller's
+        key tensor was changed afterwards; everything else is a plain str/int/bool/list, so
         ``torch.save(index.state_dict(), f)`` and ``torch.load(f)`` (``weights_only=True``) round-trip it.
-
-        Raises:
-            RuntimeError: the key tensor was modified in place after the index was built from it, so it no
-                longer holds the keys this index answers for.
         """
         return super().state_dict()
 
     def _state_entries(self) -> dict[str, Any]:
         return {
-            "keys": self._checked_source(),
+            "keys": self._keys_from_ordered(self._keys),
             "key_type": self.key_type,
             "scene": self.scene.as_list(),
             "allow_update": self.allow_update,
@@ -171,5 +168,5 @@ class RXIndex(IndexBase):
         return (
             f"RXIndex(keys={len(self)}, key_type={self.key_type}, device={self.device}, "
             f"scene={s.bits_x}/{s.bits_y}/{s.bits_z}, unique={self.unique_keys}, "
-            f"updatable={self.allow_update}, memory={mem / 2**20:.1f} MiB)"
+            f"updatable={self.allow_update}, memory={format_bytes(mem)})"
         )

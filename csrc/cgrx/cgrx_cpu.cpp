@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "../core/results_cpu.h"
+#include "../core/sort.h"
 #include "cgrx_args.h"
 #include "cgrx_radix_build.h"
 #include "cgrx_scene.h"
@@ -21,20 +22,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   const Layout l = pairs_layout_from_int(layout);
   check_bucket_size(bucket_size);
   const int64_t n = keys.numel();
-  const uint64_t* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return k[a] < k[b]; });
+  auto [sorted, order] = sort_ordered(keys);
   at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
-  at::Tensor sorted = at::empty({n}, keys.options());
   uint32_t* data = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
-  uint64_t* s = reinterpret_cast<uint64_t*>(sorted.data_ptr<int64_t>());
-  for (int64_t i = 0; i < n; ++i) {
-    s[i] = k[order[i]];
-    store_pair(data, n, l, i, s[i], static_cast<uint32_t>(order[i]));
-  }
+  const uint64_t* s = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
+  const int64_t* o = order.data_ptr<int64_t>();
+  at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) store_pair(data, n, l, i, s[i], static_cast<uint32_t>(o[i]));
+  });
   at::Tensor reps = group_lasts_cpu(sorted, bucket_size);
   return {pairs, reps, build_pairs_radix_table_cpu(sorted, reps, l, bucket_size)};
+}
+
+// The sorted pairs as (ordered keys, row IDs as int64): what the index holds, for its state.
+std::tuple<at::Tensor, at::Tensor> cgrx_pairs_export_cpu(const at::Tensor& pairs, int64_t layout) {
+  const Pairs p = pairs_view(pairs, pairs_layout_from_int(layout), 1, false);
+  const int64_t n = static_cast<int64_t>(p.n);
+  at::Tensor keys = at::empty({n}, pairs.options().dtype(at::kLong));
+  at::Tensor rows = at::empty({n}, pairs.options().dtype(at::kLong));
+  uint64_t* k = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  int64_t* r = rows.data_ptr<int64_t>();
+  at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      k[i] = p.key(i);
+      r[i] = p.row(i);
+    }
+  });
+  return {keys, rows};
 }
 
 // On the CPU the "scene" is the triangle list itself ([T, 3, 3] float32, NaN for inactive slots), for inspection
@@ -176,6 +190,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_scene_rays_cpu(const at::Tensor& queries
 TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_build", &cgrx_build_cpu);
   m.impl("cgrx_build_scene", &cgrx_build_scene_cpu);
+  m.impl("cgrx_pairs_export", &cgrx_pairs_export_cpu);
   m.impl("cgrx_lookup", &cgrx_lookup_cpu);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);

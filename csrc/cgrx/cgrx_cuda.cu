@@ -9,6 +9,7 @@
 
 #include "../core/cuda_utils.h"
 #include "../core/results_cuda.h"
+#include "../core/sort.h"
 #include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
 #include "cgrx_args.h"
@@ -27,6 +28,27 @@ __global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int6
     store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
 }
 
+__global__ void export_pairs_kernel(Pairs p, uint64_t* __restrict__ keys, int64_t* __restrict__ rows) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < p.n; i += uint64_t(gridDim.x) * blockDim.x) {
+    keys[i] = p.key(i);
+    rows[i] = p.row(i);
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> cgrx_pairs_export_cuda(const at::Tensor& pairs, int64_t layout) {
+  const Pairs p = pairs_view(pairs, pairs_layout_from_int(layout), 1, false);
+  const c10::cuda::CUDAGuard guard(pairs.device());
+  const int64_t n = static_cast<int64_t>(p.n);
+  at::Tensor keys = at::empty({n}, pairs.options().dtype(at::kLong));
+  at::Tensor rows = at::empty({n}, pairs.options().dtype(at::kLong));
+  if (n > 0) {
+    export_pairs_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+        p, reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), rows.data_ptr<int64_t>());
+    RTX_CHECK_LAUNCH();
+  }
+  return {keys, rows};
+}
+
 __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, SceneConfig c, Vec3* v) {
   for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < s.num_buckets; b += uint64_t(gridDim.x) * blockDim.x)
     bucket_triangles(reps, pairs, s, b, c, v);
@@ -38,10 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor&
   check_bucket_size(bucket_size);
   const c10::cuda::CUDAGuard guard(keys.device());
   const int64_t n = keys.numel();
-  // Unsigned order through a signed sort: flipping the top bit maps unsigned order onto signed order.
-  constexpr int64_t kTop = std::numeric_limits<int64_t>::min();
-  auto [sorted_flipped, order] = at::sort(at::bitwise_xor(keys, kTop), /*stable=*/true, /*dim=*/0, /*descending=*/false);
-  at::Tensor sorted = at::bitwise_xor(sorted_flipped, kTop);
+  auto [sorted, order] = sort_ordered(keys);
   at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
   if (n > 0) {
     store_pairs_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
@@ -204,6 +223,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const a
 TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_build", &cgrx_build_cuda);
   m.impl("cgrx_build_scene", &cgrx_build_scene_cuda);
+  m.impl("cgrx_pairs_export", &cgrx_pairs_export_cuda);
   m.impl("cgrx_lookup", &cgrx_lookup_cuda);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);

@@ -294,6 +294,20 @@ RTX_HD uint64_t chain_pairs(const Nodes& ns, uint64_t b) {
   return c;
 }
 
+// Bucket b's chain: its nodes, its pairs, and the nodes read by a lookup of each of its pairs, summed (a pair
+// in the chain's j-th node costs j + 1 node reads). The last over the pairs is what the rebuild policy watches.
+RTX_HD void chain_stats(const Nodes& ns, uint64_t b, int64_t* out) {
+  int64_t nodes = 0, pairs = 0, reads = 0;
+  for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n)) {
+    ++nodes;
+    pairs += ns.size(n);
+    reads += nodes * static_cast<int64_t>(ns.size(n));
+  }
+  out[0] = nodes;
+  out[1] = pairs;
+  out[2] = reads;
+}
+
 RTX_HD void export_chain(const Nodes& ns, uint64_t b, uint64_t* keys, int32_t* rows) {
   uint64_t f = 0;
   for (uint32_t n = static_cast<uint32_t>(b); n != kNoNode; n = ns.next(n))

@@ -20,7 +20,9 @@ inline at::Tensor group_lasts_cpu(const at::Tensor& sorted, int64_t group) {
   at::Tensor out = at::empty({m}, sorted.options());
   const int64_t* s = sorted.data_ptr<int64_t>();
   int64_t* o = out.data_ptr<int64_t>();
-  for (int64_t b = 0; b < m; ++b) o[b] = s[group_last(b, group, n)];
+  at::parallel_for(0, m, 1 << 14, [&](int64_t b0, int64_t e) {
+    for (int64_t b = b0; b < e; ++b) o[b] = s[group_last(b, group, n)];
+  });
   return out;
 }
 
@@ -59,8 +61,13 @@ inline at::Tensor build_pairs_radix_table_cpu(const at::Tensor& sorted, const at
                                               int64_t bucket_size) {
   const int64_t n = sorted.numel();
   const uint64_t* s = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
-  bool unique = true;
-  for (int64_t i = 1; i < n && unique; ++i) unique = s[i - 1] != s[i];
+  const bool unique = at::parallel_reduce(
+      int64_t(1), n, int64_t(1) << 16, true,
+      [&](int64_t b, int64_t e, bool ok) {
+        for (int64_t i = b; i < e && ok; ++i) ok = s[i - 1] != s[i];
+        return ok;
+      },
+      [](bool a, bool b) { return a && b; });
   const int64_t unit = static_cast<int64_t>(radix_unit_pairs(l, static_cast<uint64_t>(bucket_size)));
   return build_radix_table_cpu(unit == bucket_size ? bucket_reps : group_lasts_cpu(sorted, unit), unique);
 }

@@ -8,12 +8,11 @@
 #include <limits>
 
 #include "../core/checks.h"
+#include "../core/sort.h"
 #include "cgrx_core.h"
 #include "cgrx_nodes.h"
 
 namespace rtindex::cgrx::update {
-
-constexpr int64_t kTopBit = std::numeric_limits<int64_t>::min();
 
 inline void check_node_size(int64_t node_size) {
   TORCH_CHECK(node_size >= 2 && node_size <= 4096 && node_size % 2 == 0,
@@ -23,10 +22,10 @@ inline void check_node_size(int64_t node_size) {
 // Sorts pairs by (unsigned key, unsigned row ID): row first, then a stable sort by key. Both in unsigned order
 // through a signed sort with the top bit flipped (row IDs go up to 2^32 - 2 in int32 storage).
 inline std::pair<at::Tensor, at::Tensor> sort_pairs(const at::Tensor& keys, const at::Tensor& rows) {
-  auto by_row = std::get<1>(at::sort(at::bitwise_xor(rows, std::numeric_limits<int32_t>::min()), /*stable=*/true, 0, false));
-  at::Tensor k = keys.index_select(0, by_row), r = rows.index_select(0, by_row);
-  auto by_key = std::get<1>(at::sort(at::bitwise_xor(k, kTopBit), /*stable=*/true, 0, false));
-  return {k.index_select(0, by_key), r.index_select(0, by_key)};
+  const at::Tensor by_row = unsigned_row_order(rows);
+  const at::Tensor k = keys.index_select(0, by_row), r = rows.index_select(0, by_row);
+  auto [sorted_k, by_key] = sort_ordered(k);
+  return {sorted_k, r.index_select(0, by_key)};
 }
 
 struct Loaded {

@@ -92,6 +92,16 @@ std::tuple<at::Tensor, at::Tensor> nodes_export_cpu(const at::Tensor& nodes, int
   return {keys, rows};
 }
 
+at::Tensor nodes_stats_cpu(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {
+  const Nodes ns = update::nodes_view(nodes, node_size, num_buckets);
+  at::Tensor out = at::empty({num_buckets, 3}, nodes.options().dtype(at::kLong));
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, num_buckets, 256, [&](int64_t b0, int64_t e) {
+    for (int64_t b = b0; b < e; ++b) chain_stats(ns, b, o + 3 * b);
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
@@ -100,6 +110,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_nodes_plan", &nodes_plan_cpu);
   m.impl("cgrx_nodes_apply", &nodes_apply_cpu);
   m.impl("cgrx_nodes_export", &nodes_export_cpu);
+  m.impl("cgrx_nodes_stats", &nodes_stats_cpu);
 }
 
 }  // namespace rtindex::cgrx

@@ -126,6 +126,22 @@ std::tuple<at::Tensor, at::Tensor> nodes_export_cuda(const at::Tensor& nodes, in
   return {keys, rows};
 }
 
+__global__ void stats_kernel(Nodes ns, int64_t m, int64_t* out) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
+    chain_stats(ns, b, out + 3 * b);
+}
+
+at::Tensor nodes_stats_cuda(const at::Tensor& nodes, int64_t node_size, int64_t num_buckets) {
+  const c10::cuda::CUDAGuard guard(nodes.device());
+  const Nodes ns = update::nodes_view(nodes, node_size, num_buckets);
+  at::Tensor out = at::empty({num_buckets, 3}, nodes.options().dtype(at::kLong));
+  if (num_buckets > 0) {
+    stats_kernel<<<grid_for(num_buckets), kBlock, 0, current_stream()>>>(ns, num_buckets, out.data_ptr<int64_t>());
+    RTX_CHECK_LAUNCH();
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
@@ -134,6 +150,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_nodes_plan", &nodes_plan_cuda);
   m.impl("cgrx_nodes_apply", &nodes_apply_cuda);
   m.impl("cgrx_nodes_export", &nodes_export_cuda);
+  m.impl("cgrx_nodes_stats", &nodes_stats_cuda);
 }
 
 }  // namespace rtindex::cgrx

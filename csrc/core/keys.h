@@ -78,6 +78,24 @@ RTX_HD uint64_t ordered_key(int32_t v, bool) { return ordered_from_int32(v); }
 RTX_HD uint64_t ordered_key(float v, bool) { return ordered_from_float32(v); }
 RTX_HD uint64_t ordered_key(double v, bool) { return ordered_from_float64(v); }
 
+// The inverse of ordered_key, for exporting what an index holds (state_dict): the tag's type selects the storage
+// type. -0.0 comes back as +0.0, the value the index holds for it.
+RTX_HD int64_t key_from_ordered(uint64_t o, int64_t, bool as_unsigned) {
+  return static_cast<int64_t>(as_unsigned ? o : o ^ (uint64_t(1) << 63));
+}
+RTX_HD uint64_t key_from_ordered(uint64_t o, uint64_t, bool) { return o; }
+RTX_HD int32_t key_from_ordered(uint64_t o, int32_t, bool) {
+  return static_cast<int32_t>(static_cast<uint32_t>(o) ^ 0x80000000u);
+}
+RTX_HD float key_from_ordered(uint64_t o, float, bool) {
+  const uint32_t b = static_cast<uint32_t>(o);
+  return bit_cast_value<float>((b & 0x80000000u) ? (b & 0x7fffffffu) : ~b);
+}
+RTX_HD double key_from_ordered(uint64_t o, double, bool) {
+  const uint64_t top = uint64_t(1) << 63;
+  return bit_cast_value<double>((o & top) ? (o & ~top) : ~o);
+}
+
 // An empty ordered range, for range bounds that admit no key (a NaN bound). Every range [lo, hi] with
 // lo > hi is empty; this is one such pair.
 constexpr uint64_t kEmptyRangeLo = 1;

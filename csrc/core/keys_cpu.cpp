@@ -6,7 +6,9 @@
 #include <numeric>
 
 #include "checks.h"
+#include "checks.h"
 #include "key_dispatch.h"
+#include "sort.h"
 
 namespace rtindex {
 namespace {
@@ -21,6 +23,20 @@ at::Tensor map_keys_cpu(const at::Tensor& keys, int64_t key_type) {
     uint64_t* dst = reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>());
     at::parallel_for(0, in.numel(), 1 << 14, [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) dst[i] = ordered_key(src[i], as_unsigned);
+    });
+  });
+  return out;
+}
+
+at::Tensor unmap_keys_cpu(const at::Tensor& ordered, int64_t key_type, at::ScalarType dtype) {
+  check_ordered_keys(ordered, "ordered keys");
+  at::Tensor out = at::empty({ordered.numel()}, ordered.options().dtype(dtype));
+  dispatch_key_type(out, key_type, "keys", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    const uint64_t* src = reinterpret_cast<const uint64_t*>(ordered.data_ptr<int64_t>());
+    T* dst = static_cast<T*>(out.data_ptr());
+    at::parallel_for(0, ordered.numel(), 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = key_from_ordered(src[i], T{}, as_unsigned);
     });
   });
   return out;
@@ -54,13 +70,7 @@ std::tuple<at::Tensor, at::Tensor> map_ranges_cpu(const at::Tensor& lo, const at
 std::tuple<at::Tensor, at::Tensor> sort_queries_cpu(const at::Tensor& keys, int64_t begin_bit, int64_t end_bit) {
   check_ordered_keys(keys, "keys");
   check_sort_bits(begin_bit, end_bit);
-  const int64_t n = keys.numel();
-  at::Tensor order = at::empty({n}, keys.options());
-  int64_t* o = order.data_ptr<int64_t>();
-  std::iota(o, o + n, int64_t(0));
-  const uint64_t* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
-  const uint64_t mask = end_bit - begin_bit == 64 ? ~uint64_t(0) : (uint64_t(1) << (end_bit - begin_bit)) - 1;
-  std::stable_sort(o, o + n, [&](int64_t a, int64_t b) { return ((k[a] >> begin_bit) & mask) < ((k[b] >> begin_bit) & mask); });
+  const at::Tensor order = bits_order(keys, begin_bit, end_bit);
   return {keys.index_select(0, order), order};
 }
 
@@ -69,6 +79,7 @@ std::tuple<at::Tensor, at::Tensor> sort_queries_cpu(const at::Tensor& keys, int6
 TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("map_keys", &map_keys_cpu);
   m.impl("map_ranges", &map_ranges_cpu);
+  m.impl("unmap_keys", &unmap_keys_cpu);
   m.impl("sort_queries", &sort_queries_cpu);
 }
 

@@ -31,6 +31,27 @@ __global__ void map_ranges_kernel(const T* __restrict__ lo, const T* __restrict_
   }
 }
 
+template <typename T>
+__global__ void unmap_keys_kernel(const uint64_t* __restrict__ in, T* __restrict__ out, int64_t n, bool as_unsigned) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = key_from_ordered(in[i], T{}, as_unsigned);
+}
+
+at::Tensor unmap_keys_cuda(const at::Tensor& ordered, int64_t key_type, at::ScalarType dtype) {
+  check_ordered_keys(ordered, "ordered keys");
+  const c10::cuda::CUDAGuard guard(ordered.device());
+  at::Tensor out = at::empty({ordered.numel()}, ordered.options().dtype(dtype));
+  if (ordered.numel() == 0) return out;
+  dispatch_key_type(out, key_type, "keys", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    unmap_keys_kernel<<<grid_for(ordered.numel()), kBlock, 0, current_stream()>>>(
+        reinterpret_cast<const uint64_t*>(ordered.data_ptr<int64_t>()), static_cast<T*>(out.data_ptr()),
+        ordered.numel(), as_unsigned);
+  });
+  RTX_CHECK_LAUNCH();
+  return out;
+}
+
 at::Tensor map_keys_cuda(const at::Tensor& keys, int64_t key_type) {
   TORCH_CHECK(keys.dim() == 1, "keys must be a 1-D tensor, got ", keys.dim(), " dimensions");
   const c10::cuda::CUDAGuard guard(keys.device());
@@ -100,6 +121,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("map_keys", &map_keys_cuda);
   m.impl("map_ranges", &map_ranges_cuda);
   m.impl("sort_queries", &sort_queries_cuda);
+  m.impl("unmap_keys", &unmap_keys_cuda);
 }
 
 }  // namespace rtindex

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <vector>
 
 #include "checks.h"
 
@@ -45,7 +46,7 @@ std::tuple<at::Tensor, at::Tensor> count_pass(int64_t q, const at::TensorOptions
 
 // Writes query i's matches at rows[offsets[i] ..], none at or past rows.numel(); sort_rows: each query's
 // rows ascending (RX) or in visit order (cgRX: key order). A query cut off by the end of `rows` keeps the
-// matches it visited first.
+// first entries of its full answer (CappedMatches), so with sort_rows it sorts all its matches first.
 template <typename ForEach>
 void fill_pass(int64_t q, const at::Tensor& offsets, at::Tensor& rows, bool sort_rows, ForEach&& for_each) {
   const int64_t* off = offsets.data_ptr<int64_t>();
@@ -54,6 +55,13 @@ void fill_pass(int64_t q, const at::Tensor& offsets, at::Tensor& rows, bool sort
   at::parallel_for(0, q, 256, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (off[i] >= limit) continue;  // nothing of this query fits
+      if (sort_rows && off[i + 1] > limit) {  // the one query the capacity cuts
+        std::vector<int64_t> all;
+        for_each(i, [&](int64_t row) { all.push_back(row); });
+        std::sort(all.begin(), all.end());
+        std::copy(all.begin(), all.begin() + (limit - off[i]), r + off[i]);
+        continue;
+      }
       int64_t at = off[i];
       for_each(i, [&](int64_t row) {
         if (at < limit) r[at] = row;

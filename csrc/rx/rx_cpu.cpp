@@ -12,6 +12,7 @@
 #include "../core/checks.h"
 #include "../core/results_cpu.h"
 #include "../core/scene.h"
+#include "../core/sort.h"
 
 namespace rtindex {
 namespace {
@@ -21,19 +22,8 @@ namespace {
 at::Tensor rx_build_cpu(const at::Tensor& keys, at::IntArrayRef scene, bool /*allow_update*/) {
   check_ordered_keys(keys, "keys");
   scene_from_list(scene);
-  const int64_t n = keys.numel();
-  const uint64_t* k = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return k[a] < k[b]; });
-  at::Tensor structure = at::empty({2, n}, keys.options());
-  int64_t* sk = structure[0].data_ptr<int64_t>();
-  int64_t* sr = structure[1].data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    sk[i] = static_cast<int64_t>(k[order[i]]);
-    sr[i] = order[i];
-  }
-  return structure;
+  auto [sorted, order] = sort_ordered(keys);
+  return at::stack({sorted, order});
 }
 
 void rx_refit_cpu(at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef scene) {

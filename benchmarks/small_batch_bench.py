@@ -1,0 +1,131 @@
+"""Per-call cost at embedding-batch sizes: one lookup call over 2^4 .. 2^24 queries, eager, under torch.compile
+and replayed from a CUDA graph, for RX, cgRX (each backend), IdToRow, the sorted array and the hash table, side by
+side. Answers are checked against the sorted array first. Writes
+benchmarks/results/<device>/small_batch_<commit>.json: one entry per method and batch size,
+{"method", "log_queries", "eager_us", "compiled_us", "graph_us"} (null where a form does not apply).
+
+    python benchmarks/small_batch_bench.py --log-keys 24 --log-queries 4 10 14 17 20 24
+    python benchmarks/small_batch_bench.py --device cpu --log-keys 16 --log-queries 4 10      # CPU per-call cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch_rtindex  # noqa: E402
+from rx_bench import git_commit, write_json  # noqa: E402
+
+
+def per_call_us(fn, dev: torch.device, iters: int) -> float:
+    """Mean microseconds per call of `iters` back-to-back calls after warm-up, timed on the host around the
+    whole loop with a synchronize at each end (an eager user's view: launch and Python costs included)."""
+    for _ in range(3):
+        fn()
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    best = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        best.append((time.perf_counter() - t0) / iters * 1e6)
+    return statistics.median(best)
+
+
+def graph_us(fn, iters: int) -> float | None:
+    """Mean microseconds per replay of a CUDA graph that captured one call (None where capture is refused)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+    except RuntimeError:
+        return None
+    return per_call_us(g.replay, torch.device("cuda"), iters)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--log-keys", type=int, default=24)
+    ap.add_argument("--log-queries", type=int, nargs="+", default=[4, 10, 14, 17, 20, 24])
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    gen = torch.Generator(device=dev).manual_seed(5)
+    n = 1 << args.log_keys
+    keys = torch.randint(-(2**63), 2**63 - 1, (n,), device=dev, generator=gen)
+    sorted_keys, order = torch.sort(keys)
+
+    def sa_lookup(q):
+        a = torch.searchsorted(sorted_keys, q)
+        z = torch.searchsorted(sorted_keys, q, right=True)
+        return torch.where(z > a, order[a.clamp(max=n - 1)], -1), z - a
+
+    methods = {"SA": sa_lookup}
+    backends = ["radix", "binary_search"] + (["optix"] if cuda else [])
+    for b in backends:
+        ix = torch_rtindex.CgRXIndex(keys, backend=b)
+        methods[f"cgRX-{b}"] = lambda q, ix=ix: ix.lookup(q)
+    if cuda:
+        rx = torch_rtindex.RXIndex(keys)
+        methods["RX"] = lambda q: rx.lookup(q)
+        from baselines.hash_table import HashTable
+
+        ht = HashTable(keys)
+        methods["hash_table"] = lambda q: ht.lookup(q)
+    id_to_row = torch_rtindex.IdToRow(keys, miss="minus_one")
+    methods["IdToRow"] = id_to_row
+
+    entries = []
+    for lq in args.log_queries:
+        m = 1 << lq
+        q = keys[torch.randint(0, n, (m,), device=dev, generator=gen)]
+        want_first, want_count = sa_lookup(q)
+        iters = max(5, min(2000, (1 << 22) // m))
+        for name, fn in methods.items():
+            out = fn(q)
+            first = out if name == "IdToRow" else out[0]
+            if name not in ("hash_table",) and not torch.equal(first, want_first):
+                raise SystemExit(f"{name} disagrees with the sorted array at 2^{lq} queries")
+            eager = per_call_us(lambda: fn(q), dev, iters)
+            compiled = None
+            if not args.no_compile and name != "hash_table":
+                torch._dynamo.reset()
+                cfn = torch.compile(fn, dynamic=False)
+                try:
+                    compiled = per_call_us(lambda: cfn(q), dev, iters)
+                except Exception as e:  # noqa: BLE001  (a method that does not compile gets null, and why)
+                    print(f"  {name}: torch.compile failed: {type(e).__name__}: {str(e)[:120]}")
+            graph = graph_us(lambda: fn(q), iters) if cuda else None
+            entries.append({"method": name, "log_queries": lq, "eager_us": eager, "compiled_us": compiled,
+                            "graph_us": graph})
+            fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+            print(f"2^{lq:<3} {name:>18} eager {fmt(eager):>9} us  compiled {fmt(compiled):>9} us  graph {fmt(graph):>9} us",
+                  flush=True)
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    result = {"device": name, "torch": torch.__version__, "commit": git_commit(), "log_keys": args.log_keys,
+              "argv": sys.argv[1:], "entries": entries}
+    write_json(result, f"small_batch_{git_commit()}", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
