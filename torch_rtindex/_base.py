@@ -305,12 +305,17 @@ class IndexBase:
 
     @staticmethod
     def _capacity(capacity: int | torch.SymInt) -> int | torch.SymInt:
-        if isinstance(capacity, torch.SymInt):
-            return capacity
-        if hasattr(type(capacity), "__index__") and not isinstance(capacity, bool) and operator.index(capacity) < 0:
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, torch.SymInt)):
+            if isinstance(capacity, bool) or not hasattr(type(capacity), "__index__"):
+                raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
+            capacity = operator.index(capacity)  # numpy integers and the like
+        if capacity < 0:
             raise ValueError(f"capacity must be non-negative, got {capacity}")
-        # The rows are allocated up front (8 bytes each), so a capacity past 2^62 can never be met.
-        return check_int(capacity, "capacity", 0, 2**62)
+        # The rows are allocated up front (8 bytes each), so a capacity past 2^62 can never be met. Not checked
+        # while compiling: a second comparison on a symbolic capacity would be one more guard to recompile on.
+        if isinstance(capacity, int) and capacity > 2**62:
+            raise ValueError(f"capacity must be at most 2^62 (its rows are allocated up front), got {capacity}")
+        return capacity
 
     def _op(self, form: str):
         return getattr(_ops(), f"{self._OPS}_{form}")
