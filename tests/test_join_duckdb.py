@@ -5,7 +5,7 @@ Random tables with duplicates on both sides, misses (random and adjacent to buil
 int64 / uint64 range, int32, float32 and float64 with signed zeros and infinities). Every index is a build side:
 RXIndex (ray and scan range paths), CgRXIndex with each backend (on the CPU ``optix`` answers by binary search
 over the representatives), UpdatableCgRXIndex freshly built and after inserts and deletes (row IDs that are not
-positions).
+positions). On the CPU, and on the GPU where there is one (the ``device`` fixture).
 
 NaN is left out on purpose: DuckDB treats NaN as equal to NaN, the indexes refuse NaN keys and a NaN query
 matches nothing (test_join.py checks that against numpy).
@@ -169,42 +169,42 @@ def check_capped(got, want: tuple[np.ndarray, np.ndarray], capacity: int) -> Non
 
 
 # ----------------------------------------------------------------------------------------------------- tests
-def tables_and_index(kind: str, key_type: str, seed: int):
+def tables_and_index(kind: str, key_type: str, seed: int, device: torch.device):
     rng = np.random.default_rng(seed)
     build, probe = make_tables(key_type, rng)
-    index = build_side("updatable" if kind == "updatable_updated" else kind, to_torch(build), key_type)
+    index = build_side("updatable" if kind == "updatable_updated" else kind, to_torch(build).to(device), key_type)
     rows = np.arange(build.size, dtype=np.int64)
     if kind == "updatable_updated":
-        build, rows = update(index, build, rows, key_type, rng)
+        build, rows = update(index, build, rows, key_type, rng, device)
     return index, build, rows, probe, rng
 
 
-def update(index, build: np.ndarray, rows: np.ndarray, key_type: str, rng: np.random.Generator):
+def update(index, build: np.ndarray, rows: np.ndarray, key_type: str, rng: np.random.Generator, device: torch.device):
     """Inserts (new keys and more copies of old ones, with fresh row IDs), deletes single pairs and whole keys;
     returns the (key, row) table the index should now hold, tracked here independently."""
     new = np.concatenate([random_values(key_type, 40, rng), build[rng.integers(0, build.size, 40)]])
-    result = index.insert(to_torch(new))
+    result = index.insert(to_torch(new).to(device))
     fresh = np.arange(build.size, build.size + new.size, dtype=np.int64)
-    np.testing.assert_array_equal(result.rows.numpy(), fresh)
+    np.testing.assert_array_equal(result.rows.cpu().numpy(), fresh)
     build, rows = np.concatenate([build, new]), np.concatenate([rows, fresh])
     gone = rng.choice(build.size, 60, replace=False)
-    index.delete(to_torch(build[gone]), torch.from_numpy(rows[gone]))
+    index.delete(to_torch(build[gone]).to(device), torch.from_numpy(rows[gone]).to(device))
     keep = np.ones(build.size, dtype=bool)
     keep[gone] = False
     build, rows = build[keep], rows[keep]
     dropped = build[rng.integers(0, build.size, 3)]
-    index.delete(to_torch(dropped))  # every pair of these keys
+    index.delete(to_torch(dropped).to(device))  # every pair of these keys
     keep = ~np.isin(build, dropped)
     return build[keep], rows[keep]
 
 
 @pytest.mark.parametrize("key_type", KEY_TYPES)
 @pytest.mark.parametrize("kind", BUILD_SIDES)
-def test_equi_join_matches_duckdb(con, kind, key_type):
-    index, build, rows, probe, _ = tables_and_index(kind, key_type, seed=BUILD_SIDES.index(kind))
+def test_equi_join_matches_duckdb(con, device, kind, key_type):
+    index, build, rows, probe, _ = tables_and_index(kind, key_type, BUILD_SIDES.index(kind), device)
     b = {"key": build, "row": rows}
     p = {"pos": np.arange(probe.size, dtype=np.int64), "key": probe}
-    q = to_torch(probe)
+    q = to_torch(probe).to(device)
     for how in ("inner", "left"):
         want = duck_pairs(con, sql(how, EQUI), b=b, p=p)
         check_pairs(join(index, q, how=how), want)
@@ -218,12 +218,12 @@ def test_equi_join_matches_duckdb(con, kind, key_type):
 
 @pytest.mark.parametrize("key_type", KEY_TYPES)
 @pytest.mark.parametrize("kind", BUILD_SIDES)
-def test_band_join_matches_duckdb(con, kind, key_type):
-    index, build, rows, _, rng = tables_and_index(kind, key_type, seed=100 + BUILD_SIDES.index(kind))
+def test_band_join_matches_duckdb(con, device, kind, key_type):
+    index, build, rows, _, rng = tables_and_index(kind, key_type, 100 + BUILD_SIDES.index(kind), device)
     lo, hi = make_bands(key_type, build, rng)
     b = {"key": build, "row": rows}
     p = {"pos": np.arange(lo.size, dtype=np.int64), "lo": lo, "hi": hi}
-    tlo, thi = to_torch(lo), to_torch(hi)
+    tlo, thi = to_torch(lo).to(device), to_torch(hi).to(device)
     for how in ("inner", "left"):
         want = duck_pairs(con, sql(how, BAND), b=b, p=p)
         check_pairs(range_join(index, tlo, thi, how=how), want)
