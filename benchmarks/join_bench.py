@@ -157,7 +157,10 @@ def measure(fn, repeats: int, device: str = "cpu"):
 
 # ------------------------------------------------------------------------------------------------- engines
 def duckdb_engine(t: dict[str, np.ndarray], threads: int | None):
-    import duckdb
+    try:
+        import duckdb
+    except ImportError as e:
+        raise SystemExit(f"join_bench needs DuckDB, the reference engine: pip install duckdb (or install a wheel) ({e})")
 
     con = duckdb.connect(config={"threads": threads} if threads else {})
     t0 = time.perf_counter()
@@ -251,6 +254,10 @@ def run(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "torch_rtindex": torch_rtindex.__version__,
         "duckdb": duck, "polars": None, "rows": [], "failures": [],
     }
+    def note(text: str) -> None:
+        if text not in result.setdefault("notes", []):
+            result["notes"].append(text)
+
     polars = None
     if not args.no_polars:
         try:
@@ -282,7 +289,7 @@ def run(args: argparse.Namespace) -> dict:
         if polars is None:
             continue
         if join_kind == "band" and how == "left":
-            result.setdefault("notes", []).append("polars: band joins (join_where) are inner only")
+            note("polars: band joins (join_where) are inner only")
             continue
         ms, cores, df = measure(lambda: polars_join(polars, join_kind, how), args.repeats)
         fp = fingerprint(df.get_column("pos").to_numpy(), df.get_column("row").fill_null(-1).to_numpy())
@@ -300,7 +307,7 @@ def run(args: argparse.Namespace) -> dict:
             try:
                 ms, cores, index = measure(lambda: make(keys), args.repeats, device)
             except RuntimeError as e:  # e.g. RX on a GPU without a usable OptiX
-                result.setdefault("notes", []).append(f"{name} on {device} skipped: {str(e).splitlines()[0]}")
+                note(f"{name} on {device} skipped: {str(e).splitlines()[0]}")
                 continue
             engine = f"torch_rtindex {name}{'-' + index.backend if hasattr(index, 'backend') else ''} {device}"
             record("-", "-", engine, "build", threads, ms, cores)
@@ -308,7 +315,7 @@ def run(args: argparse.Namespace) -> dict:
                 if name == "rx" and device == "cuda" and join_kind == "band":
                     rays, scanned = rx_band_cost(t)
                     if rays > 2**32 or scanned > 2**36:  # hours of GPU time, not a measurement
-                        result.setdefault("notes", []).append(
+                        note(
                             f"rx band join on cuda skipped: its bands would fire {rays} rays and scan {scanned} keys "
                             f"(a band touching more than {RX_MAX_RANGE_RAYS} blocks of 2^{RX_SEGMENT_LOG2} ordered keys "
                             "scans all keys); RX ranges suit dense keys")
@@ -318,14 +325,14 @@ def run(args: argparse.Namespace) -> dict:
                        want[join_kind, how])
                 del pairs
                 if device == "cpu":
-                    continue  # build + join on the CPU: the two rows add up (the GPU's launches may overlap)
+                    continue  # on the CPU, build + join is the sum of the build row and the join row
                 ms, cores, pairs = measure(lambda: torch_join(make(keys), q, join_kind, how), args.repeats, device)
                 record(join_kind, how, engine, "build+join", threads, ms, cores,
                        fingerprint(*(x.cpu().numpy() for x in pairs)), want[join_kind, how])
                 del pairs
 
-                def end_to_end():  # host columns in, host pairs out
-                    qd = {k: v.to(device) for k, v in host.items()}
+                def end_to_end():  # host columns in (those this join reads), host pairs out
+                    qd = {k: host[k].to(device) for k in (("key",) if join_kind == "equi" else ("lo", "hi"))}
                     pairs = torch_join(make(build_host.to(device)), qd, join_kind, how)
                     return tuple(x.cpu() for x in pairs)
 
@@ -361,8 +368,7 @@ def table(result: dict) -> str:
         lines.append(f"{r['join']:5s} {r['how']:5s} {r['engine']:34s} {r['stage']:17s} {str(r['threads'] or '-'):>7s} "
                      f"{r['ms']:10.2f} {'-' if r['cores'] is None else format(r['cores'], '6.2f'):>6s} {pairs:>11s} {speed:>9s}  {r['check']}")
     lines.append("vs duckdb: DuckDB query time / this time (above 1: faster than DuckDB's query with its pairs fetched)")
-    for note in dict.fromkeys(result.get("notes", [])):
-        lines.append(f"note: {note}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
     for f in result["failures"]:
         lines.append(f"FAILED: {f}")
     return "\n".join(lines)
