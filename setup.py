@@ -31,6 +31,6 @@ setup(
     python_requires=">=3.10",
     # torch is deliberately unpinned above 2.4: install the build you want (CPU or CUDA) first.
     install_requires=["torch>=2.4", "ninja"],
-    extras_require={"test": ["pytest", "numpy", "embreex", "matplotlib"]},
+    extras_require={"test": ["pytest", "numpy", "embreex", "matplotlib", "duckdb"]},
     cmdclass={"build_py": BuildPyWithSources},
 )

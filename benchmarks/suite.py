@@ -466,12 +466,25 @@ LINE_PLOTS = [  # (dimension, x label, log2 x axis)
 BAR_PLOTS = [("key_bits", "key bits"), ("uniformity", "uniformity (%)"), ("sorted", "sorted")]
 
 
+MARKERS = "os^vDPX*p"  # 9 markers: with 20 colours, (colour, marker) differ for the first 180 methods
+
+
+def method_styles(names: list[str], colors: list) -> dict[str, dict]:
+    """One colour and marker per method, the same in every plot. Matplotlib's default cycle has 10 colours, so
+    the 11th method (hash_table, after RX, 8 cgRX variants and SA) drew in RX's colour; `colors` is tab20."""
+    order = list(colors[0::2]) + list(colors[1::2])  # tab20's strong shades first, then the light ones
+    return {n: {"color": order[i % len(order)], "marker": MARKERS[i % len(MARKERS)]} for i, n in enumerate(names)}
+
+
 def write_plots(result: dict, out: Path) -> list[str]:
     """PNG plots (matplotlib, imported here, Agg backend). Returns the file names written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys([*result.get("methods", {}), *(r["method"] for r in result["runs"])]))
+    style = method_styles(names, plt.get_cmap("tab20").colors)
 
     files = []
     base = result["base"]
@@ -498,7 +511,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
     def lines(dim: str, y: str, xlabel: str, ylabel: str, log2: bool, name: str) -> None:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for method, (xs, ys) in series(dim, y).items():
-            ax.plot(xs, ys, marker="o", markersize=3, label=method)
+            ax.plot(xs, ys, markersize=3, label=method, **style[method])
         ax.set_yscale("log")
         if log2:
             ax.set_xscale("log", base=2)
@@ -516,7 +529,7 @@ def write_plots(result: dict, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, 4.5))
         width = 0.8 / max(len(by), 1)
         for i, (method, (xs, ys)) in enumerate(by.items()):
-            ax.bar([cats.index(str(x)) + i * width for x in xs], ys, width, label=method)
+            ax.bar([cats.index(str(x)) + i * width for x in xs], ys, width, label=method, color=style[method]["color"])
         ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cats))], cats)
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)

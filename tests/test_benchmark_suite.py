@@ -69,3 +69,17 @@ def test_tiny_suite_on_cpu(tmp_path):
         assert (out / name).stat().st_size > 1000, name
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "check" in proc.stdout and "RX" in proc.stdout and (out / "table.txt").exists()
+
+
+def test_plot_styles_distinct(monkeypatch):
+    """Every method of a GPU run (11, one more than matplotlib's default colour cycle) has its own colour; a
+    longer list still gets distinct (colour, marker) pairs."""
+    matplotlib = pytest.importorskip("matplotlib")
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import suite
+
+    colors = matplotlib.colormaps["tab20"].colors
+    styles = suite.method_styles(sorted(METHODS), colors)
+    assert len({s["color"] for s in styles.values()}) == len(METHODS)
+    many = suite.method_styles([f"m{i}" for i in range(60)], colors)
+    assert len({(s["color"], s["marker"]) for s in many.values()}) == 60

@@ -20,6 +20,7 @@ from .rx import RXIndex
 from .scene import SceneConfig
 from .embedding import IdToRow, MissingIdError
 from .join import join, join_capped, range_join, range_join_capped
+from . import _serialization  # noqa: F401,E402  (torch.load(f) of a saved index with weights_only=True)
 
 __version__ = "0.1.0"
 

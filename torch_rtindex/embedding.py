@@ -169,6 +169,12 @@ class IdToRow(torch.nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
+        # torch.load(weights_only=True) may build this from any file (torch_rtindex/_serialization.py): the
+        # constructor's checks again before the index is built.
+        kind, miss, row = (getattr(self, k, None) for k in ("index_kind", "miss", "default_row"))
+        if kind not in INDEX_KINDS or miss not in MISS_POLICIES or type(row) is not int or row < 0:
+            raise ValueError(f"not an IdToRow state: index={kind!r}, miss={miss!r}, default_row={row!r}")
+        self._check_ids(getattr(self, "ids", None))
         self.rebuild()
 
     def _apply(self, fn: Any, recurse: bool = True) -> "IdToRow":
