@@ -69,18 +69,26 @@ def main() -> int:
         torch.set_num_threads(threads)
         batch = q if threads > 1 else q[: min(m, args.one_thread_lookups)]
         b = batch.numel()
-        (sorted_keys, order), t_sort = wall(lambda: torch.sort(keys, stable=True), args.repeats)
-        index, t_build = wall(lambda: torch_rtindex.CgRXIndex(keys), args.repeats)
+        reps = args.repeats if threads > 1 else 1  # one-thread runs of 10^8 keys take tens of seconds each
+        log = lambda what, t: print(f"  {threads:>3} threads: {what:<28} {t:8.3f} s", flush=True)  # noqa: E731
+        (sorted_keys, order), t_sort = wall(lambda: torch.sort(keys, stable=True), reps)
+        log("torch.sort", t_sort)
+        index, t_build = wall(lambda: torch_rtindex.CgRXIndex(keys), reps)
+        log("CgRXIndex build", t_build)
         rx, t_rx_build = wall(lambda: torch_rtindex.RXIndex(keys), 1)
+        log("RXIndex build", t_rx_build)
 
         def sa_lookup():
             a = torch.searchsorted(sorted_keys, batch)
             z = torch.searchsorted(sorted_keys, batch, right=True)
             return a, z
 
-        (a, z), t_sa = wall(sa_lookup, args.repeats)
-        got, t_cgrx = wall(lambda: index.lookup(batch), args.repeats)
+        (a, z), t_sa = wall(sa_lookup, reps)
+        log(f"searchsorted x2, {b} q", t_sa)
+        got, t_cgrx = wall(lambda: index.lookup(batch), reps)
+        log(f"CgRX lookup, {b} q", t_cgrx)
         got_rx, t_rx = wall(lambda: rx.lookup(batch), 1)
+        log(f"RX lookup, {b} q", t_rx)
         count = z - a
         first = torch.where(count > 0, order[a.clamp(max=n - 1)], -1)
         for name, r in (("cgrx", got), ("rx", got_rx)):
@@ -93,8 +101,10 @@ def main() -> int:
             lo = batch
             hi = lo + (hits * (2**64 // n))
             hi = torch.where(hi < lo, torch.iinfo(torch.int64).max, hi)  # no wrap-around
-            (ra, rz), t_sa_r = wall(lambda: (torch.searchsorted(sorted_keys, lo), torch.searchsorted(sorted_keys, hi, right=True)), args.repeats)
-            rl, t_rl = wall(lambda: index.range_lookup(lo, hi), args.repeats)
+            (ra, rz), t_sa_r = wall(lambda: (torch.searchsorted(sorted_keys, lo), torch.searchsorted(sorted_keys, hi, right=True)), reps)
+            rl, t_rl = wall(lambda: index.range_lookup(lo, hi), reps)
+            log(f"range{hits} SA / CgRX", t_sa_r)
+            log(f"range{hits} CgRX range_lookup", t_rl)
             if not torch.equal(rl.count, rz - ra):
                 raise SystemExit(f"range counts disagree at {threads} threads")
             agg, t_agg = wall(lambda: index.range_aggregate(lo, hi, values), 1)

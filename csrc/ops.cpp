@@ -12,6 +12,7 @@
 //     matches; the matches at full-CSR positions >= capacity are dropped), offsets are the full CSR's, and
 //     `total` (0-d int64) is the true number of matches; no host sync, capturable in a CUDA graph wherever the
 //     lookup itself is.
+#include <ATen/core/enum_tag.h>
 #include <torch/library.h>
 
 #include <string>
@@ -41,6 +42,25 @@ void set_program_path(std::string name, std::string path) {
 #endif
 }
 
+// OptiX launches cannot be captured in a CUDA graph (benchmarks/optix_capture_probe.py: every variant tried
+// broke the capture or the context), so the operators that launch them are tagged for torch.compile: with
+// mode="reduce-overhead" Inductor partitions its CUDA graphs around them instead of failing.
+// (Const lvalues: the overload of Library::def that takes tags must win over the one that takes a kernel.)
+const std::vector<at::Tag> kOptixTags{at::Tag::cudagraph_unsafe};
+const std::vector<at::Tag> kNoTags{};
+
+// The enums and configuration layouts the Python package mirrors (torch_rtindex/_config.py checks them at
+// import, so a change on one side cannot silently shift the meaning of an integer on the other).
+std::string config_schema() {
+  return "key_type:int64=0,int32=1,uint64=2,float32=3,float64=4;"
+         "layout:packed_row=0,aligned_row=1,column=2,nodes=3;"
+         "backend:radix=0,optix=1,binary_search=2;"
+         "bucket_search:binary=0,linear=1;"
+         "representation:naive=0,optimized=1;"
+         "cgrx_config:key_type,layout,bucket_size,bucket_search,backend,scene*5;"
+         "rx_config:key_type,unique_keys,max_range_rays,scene*5";
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rtindex, m) {
@@ -57,18 +77,15 @@ TORCH_LIBRARY(rtindex, m) {
   // 128-byte header; on the CPU the keys sorted with their row IDs ([2, n] int64).
   m.def("rx_build(Tensor keys, int[] scene, bool allow_update) -> Tensor");
   m.def("rx_refit(Tensor(a!) structure, Tensor keys, int[] scene) -> ()");
-  m.def(
-      "rx_lookup(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
-      "int max_range_rays) -> (Tensor first_row, Tensor count)");
-  m.def(
-      "rx_lookup_csr(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
-      "int max_range_rays) -> (Tensor offsets, Tensor rows)");
-  m.def(
-      "rx_lookup_csr_capped(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
-      "int max_range_rays, SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)");
-  m.def(
-      "rx_aggregate(Tensor structure, Tensor keys, Tensor lo, Tensor? hi, int[] scene, bool unique_keys, "
-      "int max_range_rays, Tensor values) -> (Tensor count, Tensor sum)");
+  // Lookups: `config` is [key_type, unique_keys, max_range_rays, scene x5] (rx/rx_args.h); the queries come in
+  // the key dtype (or as ordered keys with key_type uint64) and are mapped where the kernels read them.
+#define RTINDEX_RX_INDEX "Tensor structure, Tensor keys, int[] config, Tensor lo, Tensor? hi"
+  m.def(torch::schema("rx_lookup(" RTINDEX_RX_INDEX ") -> (Tensor first_row, Tensor count)"), kOptixTags);
+  m.def(torch::schema("rx_lookup_csr(" RTINDEX_RX_INDEX ") -> (Tensor offsets, Tensor rows)"), kOptixTags);
+  m.def(torch::schema("rx_lookup_csr_capped(" RTINDEX_RX_INDEX
+                      ", SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)"),
+        kOptixTags);
+  m.def(torch::schema("rx_aggregate(" RTINDEX_RX_INDEX ", Tensor values) -> (Tensor count, Tensor sum)"), kOptixTags);
 
   // cgRX: sorted key/rowID pairs in buckets, one representative per bucket. `pairs` (int32 words in the given
   // layout), `reps` (the representatives) and `table` (the radix table over them, int32) come from
@@ -82,20 +99,21 @@ TORCH_LIBRARY(rtindex, m) {
   m.def(
       "cgrx_build_scene(Tensor reps, int num_reps, int[] scene, int representation=0, Tensor? pairs=None, "
       "int bucket_size=1, int layout=0) -> Tensor");
-  m.def(
-      "cgrx_lookup(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
-      "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor first_row, Tensor count)");
-  m.def(
-      "cgrx_lookup_csr(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
-      "int bucket_size, int layout, bool linear_search, int[] scene, int backend) -> (Tensor offsets, Tensor rows)");
-  m.def(
-      "cgrx_lookup_csr_capped(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
-      "int bucket_size, int layout, bool linear_search, int[] scene, int backend, SymInt capacity) "
-      "-> (Tensor offsets, Tensor rows, Tensor total)");
-  m.def(
-      "cgrx_aggregate(Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, Tensor lo, Tensor? hi, "
-      "int bucket_size, int layout, bool linear_search, int[] scene, int backend, Tensor values) "
-      "-> (Tensor count, Tensor sum)");
+  // Lookups: `config` is the index's typed configuration [key_type, layout, bucket_size, bucket_search, backend,
+  // scene x5] (cgrx_args.h, torch_rtindex/_config.py); the queries come in the key dtype (or as ordered keys
+  // with key_type uint64) and are mapped inside the kernels.
+  // The cgrx_optix_* operators are the same kernels for indexes whose backend traces rays: a separate name, so
+  // that they alone carry the cudagraph_unsafe tag.
+#define RTINDEX_CGRX_INDEX "Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, int[] config, Tensor lo, Tensor? hi"
+#define RTINDEX_CGRX_LOOKUPS(prefix, tags)                                                                        \
+  m.def(torch::schema(prefix "_lookup(" RTINDEX_CGRX_INDEX ") -> (Tensor first_row, Tensor count)"), tags);     \
+  m.def(torch::schema(prefix "_lookup_csr(" RTINDEX_CGRX_INDEX ") -> (Tensor offsets, Tensor rows)"), tags);    \
+  m.def(torch::schema(prefix "_lookup_csr_capped(" RTINDEX_CGRX_INDEX                                          \
+                      ", SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)"),                      \
+        tags);                                                                                                   \
+  m.def(torch::schema(prefix "_aggregate(" RTINDEX_CGRX_INDEX ", Tensor values) -> (Tensor count, Tensor sum)"), tags)
+  RTINDEX_CGRX_LOOKUPS("cgrx", kNoTags);
+  RTINDEX_CGRX_LOOKUPS("cgrx_optix", kOptixTags);
   // One step of the OptiX ray search for every query (CPU; for the Embree test): state and hits of the last
   // step in (None at the start), the new state and the next rays out (cgrx_cpu.cpp).
   m.def(
@@ -131,4 +149,5 @@ TORCH_LIBRARY(rtindex, m) {
   // Runtime facts about the OptiX layer (CUDA builds).
   m.def("optix_info(int device) -> int[]", &optix_info);
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
+  m.def("config_schema() -> str", &config_schema);
 }

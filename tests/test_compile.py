@@ -83,8 +83,10 @@ def test_fixed_size_lookups_compile_without_graph_breaks(device, gen, kind):
 
     explanation = torch._dynamo.explain(model)(*dev(q, lo, hi))
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
-    prefix = "rx" if kind == "rx" else "cgrx"
-    assert {f"{prefix}_lookup", f"{prefix}_aggregate", "map_keys", "map_ranges"} <= rtindex_ops_in(explanation.graphs)
+    prefix = model.index._op_family()
+    ops_in_graph = rtindex_ops_in(explanation.graphs)
+    # One operator per lookup: the key mapping runs inside its kernels, not as map_keys / map_ranges first.
+    assert {f"{prefix}_lookup", f"{prefix}_aggregate"} <= ops_in_graph and not {"map_keys", "map_ranges"} & ops_in_graph
 
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=True)
@@ -117,12 +119,12 @@ def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen, kind):
         return points, ranges, points.query_ids()
 
     # Without the flag (and without fullgraph=True, which implies it on recent PyTorch), Dynamo breaks the
-    # graph at the CSR operator; with it, the whole function is one graph.
+    # graph at the CSR operator, which then runs outside every graph (the lookup is its first operator, so
+    # the graph before the break is empty); with it, the whole function is one graph.
     small = [t[:5].to(device, copy=True) for t in (q, lo, hi)]
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=False):
         explanation = torch._dynamo.explain(every_match)(*small)
-    assert explanation.graph_break_count >= 1
-    assert f"rtindex.{op}" in str(explanation.break_reasons[0].reason)
+    assert op not in rtindex_ops_in(explanation.graphs)
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         explanation = torch._dynamo.explain(every_match)(*small)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
@@ -143,7 +145,7 @@ def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen, kind):
             counts = [len(r) for r in ref.points(q[:n])[2]]
             np.testing.assert_array_equal(owner.cpu().numpy(), np.repeat(np.arange(n), counts))
         assert counter.frame_count == 1
-        assert {op, "map_keys", "map_ranges"} <= rtindex_ops_in(counter.graphs)
+        assert op in rtindex_ops_in(counter.graphs) and not {"map_keys", "map_ranges"} & rtindex_ops_in(counter.graphs)
 
 
 def test_argument_checks_still_apply_when_compiled(device):
@@ -179,6 +181,40 @@ def test_cuda_graph_capture_is_refused_cleanly(gen):
 
 
 # ------------------------------------------------------------------------------------- fixed-capacity CSR
+def test_optix_operators_are_tagged_cudagraph_unsafe():
+    """OptiX launches cannot be captured (benchmarks/optix_capture_probe.py), so the operators that make them
+    carry the tag Inductor partitions its CUDA graphs around; the plain-kernel cgRX operators do not."""
+    ops = torch.ops.rtindex
+    for form in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate"):
+        assert torch.Tag.cudagraph_unsafe in getattr(ops, f"rx_{form}").default.tags
+        assert torch.Tag.cudagraph_unsafe in getattr(ops, f"cgrx_optix_{form}").default.tags
+        assert torch.Tag.cudagraph_unsafe not in getattr(ops, f"cgrx_{form}").default.tags
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+@pytest.mark.parametrize("kind", ["rx", "cgrx-optix", "cgrx-radix"])
+def test_reduce_overhead_runs_around_optix_lookups(gen, kind):
+    """torch.compile(mode="reduce-overhead") of a function around a lookup: the OptiX operators run outside the
+    CUDA graphs (graph partitioning), the radix ones inside; answers equal eager ones on every replay."""
+    keys, q, _, _, _ = make_data(gen, 3000, 512)
+    if kind == "rx":
+        index = RXIndex(keys.cuda())
+    else:
+        index = CgRXIndex(keys.cuda(), backend=kind.split("-")[1])
+
+    def step(q: torch.Tensor) -> torch.Tensor:
+        hit = index.lookup(q * 1)  # work before and after the lookup, for the graphs around it
+        return torch.where(hit.count > 0, hit.first_row, -7) + 1
+
+    with torch._inductor.config.patch(graph_partition=True):
+        torch._dynamo.reset()
+        compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+        for i in range(4):
+            batch = q.cuda()[torch.randperm(q.numel(), generator=gen).cuda()]
+            assert torch.equal(compiled(batch), step(batch)), i
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("kind", ["rx", "cgrx"])
 def test_capped_lookups_compile_without_dynamic_output_shapes(device, gen, kind):
     """lookup_all_capped, range_capped and join_capped have fixed output shapes: one graph with no graph break

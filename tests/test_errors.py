@@ -71,8 +71,15 @@ def test_operators_check_their_arguments(device):
     s = ops.rx_build(keys, [23, 23, 18, 0, 0], False)
     with pytest.raises(RuntimeError, match="scene"):
         ops.rx_build(keys, [23, 23], False)
+    config = [0, 1, 16, 23, 23, 18, 0, 0]  # key_type int64, unique keys, max_range_rays, scene
     with pytest.raises(RuntimeError, match="int64"):
-        ops.rx_lookup(s, keys, keys.int(), None, [23, 23, 18, 0, 0], True, 16)
+        ops.rx_lookup(s, keys, config, keys.int(), None)
+    with pytest.raises(RuntimeError, match="config"):
+        ops.rx_lookup(s, keys, config[:4], keys, None)
+    with pytest.raises(RuntimeError, match="key_type"):
+        ops.rx_lookup(s, keys, [9, *config[1:]], keys, None)
+    with pytest.raises(RuntimeError, match="same length"):
+        ops.rx_lookup(s, keys, config, keys, keys[:2])
     with pytest.raises(RuntimeError, match="key_type|dtype"):
         ops.map_keys(keys, 3)
 
@@ -88,6 +95,6 @@ def test_bad_capacity(device):
             index.range_capped(q, q, 2.5)
         op = getattr(torch.ops.rtindex, f"{index._OPS}_lookup_csr_capped")
         with pytest.raises(RuntimeError, match="capacity must be non-negative"):  # the operator checks too
-            op(*index._args(q, None), -1)
+            op(*index._lead, index._cfg, q, None, -1)
         got = index.lookup_all_capped(q, 1)
         assert got.rows.tolist() == [1] and int(got.total) == 2 and bool(got.overflowed())

@@ -111,18 +111,16 @@ def lookup_args(device, data, is_range: bool):
     keys, queries, lo, hi, _ = data
     k = ordered(keys).to(device)
     structure = ops.rx_build(k, SCENE, False)
-    if is_range:
-        qlo, qhi = ops.map_ranges(lo.to(device), hi.to(device), 0)
-    else:
-        qlo, qhi = ordered(queries).to(device), None
-    return (structure, k, qlo, qhi, SCENE, False, 64)
+    # The queries in their own dtype (int64, key_type 0): the operators map them in their kernels.
+    qlo, qhi = (lo.to(device), hi.to(device)) if is_range else (queries.to(device), None)
+    return (structure, k, [0, 0, 64, *SCENE], qlo, qhi)
 
 
 def on_cpu(args):
     """The same call on the CPU: for a CUDA structure, a CPU one built from the same keys."""
-    structure, k, lo, hi, *rest = args
+    structure, k, config, lo, hi, *rest = args
     k = k.cpu()
-    return (ops.rx_build(k, SCENE, False), k, lo.cpu(), None if hi is None else hi.cpu(), *rest)
+    return (ops.rx_build(k, SCENE, False), k, config, lo.cpu(), None if hi is None else hi.cpu(), *rest)
 
 
 @pytest.mark.parametrize("is_range", [False, True])
@@ -133,7 +131,7 @@ def test_rx_lookup(device, data, is_range):
     first, count, _ = ref.ranges(data[2], data[3]) if is_range else ref.points(data[1])
     check_lookup(Lookup(*ops.rx_lookup(*args)), first, count)
     # an empty batch of queries
-    opcheck(ops.rx_lookup.default, (*args[:2], args[2][:0], None if args[3] is None else args[3][:0], *args[4:]))
+    opcheck(ops.rx_lookup.default, (*args[:3], args[3][:0], None if args[4] is None else args[4][:0], *args[5:]))
 
 
 @pytest.mark.parametrize("is_range", [False, True])
@@ -144,8 +142,8 @@ def test_rx_lookup_csr(device, data, is_range):
     _, _, rows = ref.ranges(data[2], data[3]) if is_range else ref.points(data[1])
     check_matches(Matches(*ops.rx_lookup_csr(*args)), rows)
     # all misses: an empty rows output
-    misses = torch.full_like(args[2], 12345)
-    opcheck(ops.rx_lookup_csr.default, (*args[:2], misses, None, *args[4:]))
+    misses = torch.full_like(args[3], 12345)
+    opcheck(ops.rx_lookup_csr.default, (*args[:3], misses, None, *args[5:]))
 
 
 @pytest.mark.parametrize("is_range", [False, True])
@@ -157,9 +155,9 @@ def test_rx_lookup_csr_capped(device, data, is_range):
         opcheck(ops.rx_lookup_csr_capped.default, (*args, capacity))
         check_capped(ops.rx_lookup_csr_capped(*args, capacity), full, capacity, exact_prefix=False)
     # all misses, and an empty batch: nothing written, total 0
-    misses = torch.full_like(args[2], 12345)
-    opcheck(ops.rx_lookup_csr_capped.default, (*args[:2], misses, None, *args[4:], 8))
-    empty = (*args[:2], args[2][:0], None if args[3] is None else args[3][:0], *args[4:], 8)
+    misses = torch.full_like(args[3], 12345)
+    opcheck(ops.rx_lookup_csr_capped.default, (*args[:3], misses, None, *args[5:], 8))
+    empty = (*args[:3], args[3][:0], None if args[4] is None else args[4][:0], *args[5:], 8)
     opcheck(ops.rx_lookup_csr_capped.default, empty)
     offsets, rows, tot = ops.rx_lookup_csr_capped(*empty)
     assert offsets.tolist() == [0] and rows.tolist() == [-1] * 8 and int(tot) == 0
@@ -211,9 +209,9 @@ def test_rx_refit(device, data):
         structure = ops.rx_build(keys, SCENE, True)
     ops.rx_refit(structure, moved, SCENE)
     # After the refit the structure answers for the moved keys.
-    q = ordered(data[1] + 7).to(device)
+    q = ordered(data[1] + 7).to(device)  # ordered keys: key_type uint64 reads them as they are
     first, count, _ = Reference(data[0] + 7, "int64").points(data[1] + 7)
-    check_lookup(Lookup(*ops.rx_lookup(structure, moved, q, None, SCENE, False, 64)), first, count)
+    check_lookup(Lookup(*ops.rx_lookup(structure, moved, [2, 0, 64, *SCENE], q, None)), first, count)
 
 
 def test_scene_operators(data):
@@ -259,11 +257,9 @@ def cgrx_structure(device, keys, backend: int, layout: int = 0):
 
 def cgrx_lookup_args(device, data, backend: int, is_range: bool, layout: int = 0):
     keys, queries, lo, hi, _ = data
-    if is_range:
-        qlo, qhi = ops.map_ranges(lo.to(device), hi.to(device), 0)
-    else:
-        qlo, qhi = ordered(queries).to(device), None
-    return (*cgrx_structure(device, keys, backend, layout), qlo, qhi, BUCKET, layout, False, CGRX_SCENE, backend)
+    qlo, qhi = (lo.to(device), hi.to(device)) if is_range else (queries.to(device), None)
+    config = [0, layout, BUCKET, 0, backend, *CGRX_SCENE]  # key_type int64: the kernels map the queries
+    return (*cgrx_structure(device, keys, backend, layout), config, qlo, qhi)
 
 
 def cgrx_utils(device, backend: int):
@@ -339,7 +335,7 @@ def test_cgrx_lookups(device, data, backend, is_range):
     np.testing.assert_allclose(got_sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
 
     # an empty batch of queries
-    empty = (*args[:4], args[4][:0], None if args[5] is None else args[5][:0], *args[6:])
+    empty = (*args[:5], args[5][:0], None if args[6] is None else args[6][:0], *args[7:])
     opcheck(ops.cgrx_lookup.default, empty, utils)
     opcheck(ops.cgrx_lookup_csr_capped.default, (*empty, 4), utils)
 
@@ -406,7 +402,7 @@ def test_cgrx_update_operators(device, gen):
         index.rebuild()
     names = [f._opname for f, _ in rec.calls]
     for name in ("cgrx_nodes_load", "cgrx_find_buckets", "cgrx_nodes_plan", "cgrx_nodes_apply", "cgrx_nodes_export",
-                 "cgrx_lookup", "cgrx_lookup_csr", "cgrx_lookup_csr_capped", "cgrx_aggregate"):
+                 "cgrx_nodes_stats", "cgrx_lookup", "cgrx_lookup_csr", "cgrx_lookup_csr_capped", "cgrx_aggregate"):
         assert name in names, name
     for func, args in rec.calls:
         if func._opname.startswith("cgrx_"):
@@ -429,3 +425,26 @@ def test_cgrx_update_operators(device, gen):
     probe = ordered(ins)
     b = ops.cgrx_find_buckets(index._reps, index._table, probe.to(device)).cpu().numpy()
     np.testing.assert_array_equal(b, np.minimum(np.searchsorted(reps, probe.numpy().view(np.uint64)), reps.size - 1))
+
+
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_state_export_operators(device, data, layout):
+    """cgrx_pairs_export and unmap_keys: what state_dict() saves, read back from the index."""
+    keys = data[0].to(device)
+    k = ordered(data[0]).to(device)
+    pairs, _, _ = ops.cgrx_build(k, BUCKET, layout)
+    opcheck(ops.cgrx_pairs_export.default, (pairs, layout))
+    sk, rows = ops.cgrx_pairs_export(pairs, layout)
+    order = np.argsort(k.cpu().numpy().view(np.uint64), kind="stable")
+    np.testing.assert_array_equal(rows.cpu().numpy(), order)
+    np.testing.assert_array_equal(sk.cpu().numpy(), k.cpu().numpy()[order])
+    opcheck(ops.unmap_keys.default, (k, 0, torch.int64))
+    assert torch.equal(ops.unmap_keys(k, 0, torch.int64), keys)
+    f = torch.tensor([-1.5, 0.0, 3.25, float("inf")], dtype=torch.float32, device=device)
+    assert torch.equal(ops.unmap_keys(ops.map_keys(f, 3), 3, torch.float32), f)
+
+
+def test_config_schema_matches_the_python_mirrors():
+    from torch_rtindex import _config
+
+    assert ops.config_schema() == _config._schema()

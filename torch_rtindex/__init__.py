@@ -25,6 +25,9 @@ from . import _serialization  # noqa: F401,E402  (torch.load(f) of a saved index
 __version__ = "0.1.0"
 
 _extension.load()
+from . import _config  # noqa: E402
+
+_config.check_against_extension()
 from . import _fake  # noqa: E402,F401  (fake kernels need the schemas registered first)
 
 

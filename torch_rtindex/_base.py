@@ -3,14 +3,14 @@
 bookkeeping and the CUDA-graph capture checks.
 
 A subclass names its operator family (``_OPS``: ``"rx"`` or ``"cgrx"``) and supplies the index-specific parts:
-the operator arguments before and after the queries (:meth:`IndexBase._index_args`), the tensors it keeps on
-the device (:meth:`IndexBase._kept_tensors`), its state entries and how to build an index from them.
+the index tensors every lookup operator takes first (:meth:`IndexBase._index_tensors`), its typed configuration
+(:meth:`IndexBase._config`, torch_rtindex/_config.py), its state entries and how to build an index from them.
+Every build ends with :meth:`IndexBase._prepare_lookups`, which decides once what each lookup call passes.
 """
 
 from __future__ import annotations
 
 import operator
-import weakref
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -126,13 +126,30 @@ class IndexBase:
         self._sort_queries = value
 
     # ------------------------------------------------------------------------------------ subclass hooks
-    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
-        """The operator arguments of a lookup of the ordered queries (everything but a trailing capacity or values)."""
+    def _index_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The operator arguments before ``config, lo, hi``: the index structure (also what the lookups read,
+        for the stream bookkeeping)."""
         raise NotImplementedError
 
-    def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The device tensors the lookups read (the index structure)."""
+    def _config(self, key_type: str) -> list[int]:
+        """The operators' ``int[] config`` for queries of ``key_type`` (the index's own, or "uint64" for
+        batches of ordered keys)."""
         raise NotImplementedError
+
+    def _op_family(self) -> str:
+        """The lookup operators' name prefix (``torch.ops.rtindex.<family>_lookup`` etc.)."""
+        return self._OPS
+
+    def _prepare_lookups(self) -> None:
+        """Decides once per build what every lookup call needs: the operators, their leading arguments and the
+        two configurations, so that a call is one operator call after its checks."""
+        ops = _ops()
+        family = self._op_family()
+        self._forms = {f: getattr(ops, f"{family}_{f}") for f in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate")}
+        self._lead = self._index_tensors()
+        self._cfg = self._config(self.key_type)
+        self._cfg_ordered = self._config("uint64")
+        self._stream_uses = {}
 
     def _capture_refusal(self) -> str | None:
         """Why this index's CUDA lookups cannot be captured in a CUDA graph, or None if they can."""
@@ -230,47 +247,55 @@ class IndexBase:
             return
         # The index: built on one stream, read on this one; when it is rebuilt or dropped, its memory must wait
         # for this stream's lookups. Recorded once per structure and stream (record_stream on the stream that
-        # allocated a tensor is a no-op).
-        kept = self._kept_tensors()
+        # allocated a tensor is a no-op). _prepare_lookups starts a new record whenever those tensors change.
         uses = self.__dict__.setdefault("_stream_uses", {})
-        key = (stream.device_index, stream.stream_id)
-        refs = uses.get(key)
-        if refs is None or len(refs) != len(kept) or any(r() is not t for r, t in zip(refs, kept)):
-            for t in kept:
+        if stream.stream_id not in uses:
+            for t in self._lead:
                 t.record_stream(stream)
-            uses[key] = [weakref.ref(t) for t in kept]
+            uses[stream.stream_id] = True
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        ops = _ops()
-        if hi is None:
-            check_key_tensor(lo, "queries", dtype=self.key_dtype, device=self.device)
-            return ops.map_keys(lo, KEY_TYPES[self.key_type]), None
-        check_key_tensor(lo, "lo", dtype=self.key_dtype, device=self.device)
-        check_key_tensor(hi, "hi", dtype=self.key_dtype, device=self.device)
-        if lo.numel() != hi.numel():
-            raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
-        return ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
+    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
+        """The checks every query batch passes: a fast test of the common case, the explaining one otherwise."""
+        dtype, device = self.key_dtype, self.device
+        if not (type(lo) is torch.Tensor and lo.dtype == dtype and lo.device == device and lo.dim() == 1
+                and lo.is_contiguous()):
+            check_key_tensor(lo, "queries" if hi is None else "lo", dtype=dtype, device=device)
+        if hi is not None:
+            check_key_tensor(hi, "hi", dtype=dtype, device=device)
+            if lo.numel() != hi.numel():
+                raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
 
-    def _args(self, lo: torch.Tensor, hi: torch.Tensor | None, method: str = "lookup", needs_host_sync: bool = False,
-              values: torch.Tensor | None = None) -> tuple:
-        """The operator arguments of a lookup (with the checked value column last, when given)."""
-        qlo, qhi = self._checked_queries(lo, hi, method, needs_host_sync)
-        return self._op_args(qlo, qhi, (lo, hi), values)
-
-    def _checked_queries(self, lo: torch.Tensor, hi: torch.Tensor | None, method: str,
-                         needs_host_sync: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The capture check, then the queries checked and mapped to ordered keys."""
-        self._refuse_capture(method, needs_host_sync)
-        return self._queries(lo, hi)
-
-    def _op_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None, inputs: tuple, values: torch.Tensor | None) -> tuple:
-        args = self._index_args(qlo, qhi)
+    def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
+              values: torch.Tensor | None = None, capacity: Any = None) -> tuple:
+        """One lookup: checks, then the index's operator on the caller's queries (mapped inside the kernels);
+        answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
+        self._check_queries(lo, hi)
+        cuda = self.device.type == "cuda"
+        if cuda and (needs_host_sync or self._capture_refusal() is not None):
+            self._refuse_capture(method, needs_host_sync)
+        extra = ()
         if values is not None:
             checked = self._values(values)  # the caller's column, or a contiguous copy of it
-            args, inputs = (*args, checked), (*inputs, values, checked)
-        self._record_stream_uses(inputs)
-        return args
+            extra = (checked,)
+            if cuda:
+                self._record_stream_uses((lo, hi, values, checked))
+        elif cuda:
+            self._record_stream_uses((lo, hi))
+        if capacity is not None:
+            extra = (capacity,)
+        op = self._forms[form]
+        if form in ("lookup_csr", "lookup_csr_capped") or not self._wants_query_sort(lo.numel()):
+            return op(*self._lead, self._cfg, lo, hi, *extra)
+        # The query sort: the operator sees ordered keys in key order; its answers go back to the caller's order
+        # (a permutation, so every answer lands exactly once).
+        ops = _ops()
+        kt = KEY_TYPES[self.key_type]
+        qlo, qhi = (ops.map_keys(lo, kt), None) if hi is None else ops.map_ranges(lo, hi, kt)
+        slo, order = ops.sort_queries(qlo, *self._query_bits)
+        shi = None if qhi is None else qhi.index_select(0, order)
+        out = op(*self._lead, self._cfg_ordered, slo, shi, *extra)
+        return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
     def _wants_query_sort(self, n: int) -> bool:
         if self._query_bits[1] == 0 or n >= 2**31:
@@ -278,19 +303,6 @@ class IndexBase:
         if self._sort_queries is not None:
             return self._sort_queries
         return self.device.type == "cuda" and self._traces_rays() and n >= QUERY_SORT_MIN_BATCH
-
-    def _per_query(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str,
-                   values: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Runs an operator that answers one row per query (``lookup``, ``aggregate``), through a query sort
-        when :attr:`sort_queries` says so: the operator sees the queries in key order, and its answers are
-        scattered back to the caller's order (a permutation, so every answer lands exactly once)."""
-        qlo, qhi = self._checked_queries(lo, hi, method, False)
-        if not self._wants_query_sort(qlo.numel()):
-            return self._op(form)(*self._op_args(qlo, qhi, (lo, hi), values))
-        slo, order = _ops().sort_queries(qlo, *self._query_bits)
-        shi = None if qhi is None else qhi.index_select(0, order)
-        out = self._op(form)(*self._op_args(slo, shi, (lo, hi), values))
-        return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
     def _values(self, values: torch.Tensor) -> torch.Tensor:
         n, exact = self._num_values()
@@ -317,21 +329,18 @@ class IndexBase:
             raise ValueError(f"capacity must be at most 2^62 (its rows are allocated up front), got {capacity}")
         return capacity
 
-    def _op(self, form: str):
-        return getattr(_ops(), f"{self._OPS}_{form}")
-
     def lookup(self, queries: torch.Tensor) -> Lookup:
         """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count.
 
         Args:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
-        return Lookup(*self._per_query("lookup", queries, None, "lookup"))
+        return Lookup(*self._call("lookup", queries, None, "lookup"))
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order; empty when ``lo[i] > hi[i]``)
         answered as (smallest matching row ID or -1, match count)."""
-        return Lookup(*self._per_query("lookup", lo, hi, "range_lookup"))
+        return Lookup(*self._call("lookup", lo, hi, "range_lookup"))
 
     def lookup_all(self, queries: torch.Tensor) -> Matches:
         """Point lookups returning every matching row ID (duplicates) as CSR, ascending row IDs per query.
@@ -339,7 +348,7 @@ class IndexBase:
         The output size depends on the data: one host synchronization, and under ``torch.compile`` it needs
         ``capture_dynamic_output_shape_ops``; :meth:`lookup_all_capped` has neither.
         """
-        return Matches(*self._op("lookup_csr")(*self._args(queries, None, "lookup_all", True)))
+        return Matches(*self._call("lookup_csr", queries, None, "lookup_all", True))
 
     def range(self, lo: torch.Tensor, hi: torch.Tensor) -> Matches:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive), every matching row ID as CSR: ascending row IDs per query
@@ -347,7 +356,7 @@ class IndexBase:
 
         One host synchronization, as :meth:`lookup_all`; :meth:`range_capped` has none.
         """
-        return Matches(*self._op("lookup_csr")(*self._args(lo, hi, "range", True)))
+        return Matches(*self._call("lookup_csr", lo, hi, "range", True))
 
     def lookup_all_capped(self, queries: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`lookup_all` into a fixed-size answer: at most ``capacity`` row IDs, plus the true match count.
@@ -357,22 +366,22 @@ class IndexBase:
         See :class:`~torch_rtindex.CappedMatches` for what a truncated answer holds.
         """
         capacity = self._capacity(capacity)
-        return CappedMatches(*self._op("lookup_csr_capped")(*self._args(queries, None, "lookup_all_capped"), capacity))
+        return CappedMatches(*self._call("lookup_csr_capped", queries, None, "lookup_all_capped", capacity=capacity))
 
     def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`range` into a fixed-size answer of ``capacity`` row IDs plus the true match count (see
         :meth:`lookup_all_capped`)."""
         capacity = self._capacity(capacity)
-        return CappedMatches(*self._op("lookup_csr_capped")(*self._args(lo, hi, "range_capped"), capacity))
+        return CappedMatches(*self._call("lookup_csr_capped", lo, hi, "range_capped", capacity=capacity))
 
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Point lookups answered as (match count, sum of ``values[row]`` over the matches); sums of integer
         values are int64, of floating values float64."""
-        return Aggregate(*self._per_query("aggregate", queries, None, "aggregate", values))
+        return Aggregate(*self._call("aggregate", queries, None, "aggregate", values=values))
 
     def range_aggregate(self, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Range lookups answered as (match count, sum of ``values[row]`` over the matches)."""
-        return Aggregate(*self._per_query("aggregate", lo, hi, "range_aggregate", values))
+        return Aggregate(*self._call("aggregate", lo, hi, "range_aggregate", values=values))
 
     def capturable(self) -> bool:
         """Whether this index's fixed-size lookups (``lookup``, ``range_lookup``, ``aggregate``,

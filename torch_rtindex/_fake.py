@@ -47,17 +47,6 @@ def _(structure, keys, scene):
     return None
 
 
-@register_fake("rtindex::rx_lookup")
-def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
-    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
-
-
-@register_fake("rtindex::rx_lookup_csr")
-def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays):
-    offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
-    return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
-
-
 def _capped_csr(lo: torch.Tensor, capacity):
     """offsets [q + 1], rows [capacity], total (0-d): the fixed-capacity CSR's outputs."""
     return (
@@ -67,15 +56,32 @@ def _capped_csr(lo: torch.Tensor, capacity):
     )
 
 
-@register_fake("rtindex::rx_lookup_csr_capped")
-def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays, capacity):
-    return _capped_csr(lo, capacity)
+def _register_lookups(prefix: str) -> None:
+    """The four lookup forms of an operator family; every index argument precedes ``config, lo, hi``."""
+
+    @register_fake(f"rtindex::{prefix}_lookup")
+    def _(*args):
+        lo = args[-2]
+        return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
+
+    @register_fake(f"rtindex::{prefix}_lookup_csr")
+    def _(*args):
+        lo = args[-2]
+        return lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64), lo.new_empty((_dynamic_size(),), dtype=torch.int64)
+
+    @register_fake(f"rtindex::{prefix}_lookup_csr_capped")
+    def _(*args):
+        return _capped_csr(args[-3], args[-1])
+
+    @register_fake(f"rtindex::{prefix}_aggregate")
+    def _(*args):
+        lo, values = args[-3], args[-1]
+        sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
+        return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
 
 
-@register_fake("rtindex::rx_aggregate")
-def _(structure, keys, lo, hi, scene, unique_keys, max_range_rays, values):
-    sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
-    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
+for _prefix in ("rx", "cgrx", "cgrx_optix"):
+    _register_lookups(_prefix)
 
 
 @register_fake("rtindex::scene_triangles")
@@ -119,28 +125,6 @@ def _(reps, num_reps, scene, representation=0, pairs=None, bucket_size=1, layout
     if reps.device.type == "cpu":
         return reps.new_empty((_dynamic_size(), 3, 3), dtype=torch.float32)
     return reps.new_empty((_dynamic_size(),), dtype=torch.uint8)
-
-
-@register_fake("rtindex::cgrx_lookup")
-def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
-    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
-
-
-@register_fake("rtindex::cgrx_lookup_csr")
-def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend):
-    offsets = lo.new_empty((lo.shape[0] + 1,), dtype=torch.int64)
-    return offsets, lo.new_empty((_dynamic_size(),), dtype=torch.int64)
-
-
-@register_fake("rtindex::cgrx_lookup_csr_capped")
-def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, capacity):
-    return _capped_csr(lo, capacity)
-
-
-@register_fake("rtindex::cgrx_aggregate")
-def _(pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend, values):
-    sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
-    return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=sum_dtype)
 
 
 @register_fake("rtindex::cgrx_scene_rays")

@@ -29,13 +29,14 @@ import torch
 
 from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
 from ._keys import resolve_key_type
+from ._config import Backend, BucketSearch, Layout, Representation, cgrx_config
 from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
-LAYOUTS = {"packed_row": 0, "aligned_row": 1, "column": 2}
-BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
-BUCKET_SEARCHES = ("binary", "linear")
-REPRESENTATIONS = {"naive": 0, "optimized": 1}
+LAYOUTS = {m.name: m.value for m in Layout if m is not Layout.nodes}  # the read-only index's layouts
+BACKENDS = {m.name: m.value for m in Backend}
+BUCKET_SEARCHES = tuple(m.name for m in BucketSearch)
+REPRESENTATIONS = {m.name: m.value for m in Representation}
 
 
 def default_backend(device: torch.device) -> str:
@@ -67,8 +68,8 @@ class CgRXIndex(IndexBase):
         bucket_size: key/rowID pairs per bucket (default 16, the paper's recommendation).
         layout: ``"auto"`` (default), ``"packed_row"`` (12 bytes per pair), ``"aligned_row"`` (16: one lookup
             reads one 64-byte line, the fastest with the ``"radix"`` backend) or ``"column"``. ``"auto"`` is
-            ``"aligned_row"`` with the ``"radix"`` backend (H100: 1.09x faster point lookups than packed_row
-            at 1.34x the memory, still 1.05x the sorted array's) and ``"packed_row"`` otherwise.
+            ``"aligned_row"`` with the ``"radix"`` backend (faster point lookups than packed_row for 4/3
+            of its memory) and ``"packed_row"`` otherwise.
         bucket_search: ``"binary"`` (default) or ``"linear"``.
         backend: ``"auto"`` (default), ``"radix"``, ``"optix"`` or ``"binary_search"`` (see the module doc).
         scene: key-bit split and axis scales of the OptiX scene (default: 23/23/18 bits, y * 2^15, z * 2^25).
@@ -137,20 +138,22 @@ class CgRXIndex(IndexBase):
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._note_key_span(ordered)
+        self._prepare_lookups()
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys. All-or-nothing: on error the index is unchanged."""
         self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
-        return (
-            self._pairs, self._reps, self._table, self._scene, qlo, qhi, self.bucket_size, LAYOUTS[self.layout],
-            self.bucket_search == "linear", self.scene.as_list(), BACKENDS[self.backend],
-        )
-
-    def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
+    def _index_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._pairs, self._reps, self._table, self._scene)
+
+    def _config(self, key_type: str) -> list[int]:
+        return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list())
+
+    def _op_family(self) -> str:
+        # The ray-tracing backend's operators carry the cudagraph_unsafe tag (csrc/ops.cpp says why).
+        return "cgrx_optix" if self.backend == "optix" and self.device.type == "cuda" else "cgrx"
 
     def _traces_rays(self) -> bool:
         return self.backend == "optix"

@@ -18,11 +18,10 @@ import torch
 
 from ._keys import MAX_KEYS
 from ._base import format_bytes
+from ._config import cgrx_config
 from .cgrx import CgRXIndex, _ops
 from .results import UpdateResult
 from .scene import SceneConfig
-
-NODES_LAYOUT = 3
 
 
 #: Largest accepted ``growth``: spare node space is a fraction of what is in use, and a larger factor only
@@ -124,6 +123,7 @@ class UpdatableCgRXIndex(CgRXIndex):
         else:
             self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
         self._note_key_span(ordered)
+        self._prepare_lookups()
 
     def rebuild(self, keys: torch.Tensor | None = None) -> None:
         """Compacts the index (no arguments: same pairs, fresh buckets and representatives) or replaces its keys.
@@ -143,11 +143,9 @@ class UpdatableCgRXIndex(CgRXIndex):
         k, r = _ops().cgrx_nodes_export(self._pairs, self.node_size, self.num_buckets)
         return k, r.to(torch.int64) & 0xFFFFFFFF
 
-    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
-        args = list(super()._index_args(qlo, qhi))
-        args[7] = NODES_LAYOUT  # layout
-        args[6] = self.node_size  # bucket_size slot carries the node size
-        return tuple(args)
+    def _config(self, key_type: str) -> list[int]:
+        # The node region is the storage, its node size the unit the kernels walk; the bucket search is binary.
+        return cgrx_config(key_type, "nodes", self.node_size, "binary", self.backend, self.scene.as_list())
 
     def _num_values(self) -> tuple[int, bool]:
         return self._next_row, False  # indexed by row ID: every row ID handed out so far
@@ -255,10 +253,8 @@ class UpdatableCgRXIndex(CgRXIndex):
 
     def _present(self, ordered: torch.Tensor) -> torch.Tensor:
         """Whether each ordered key is in the index now (one radix-table lookup; any backend gives the same)."""
-        count = _ops().cgrx_lookup(
-            self._pairs, self._reps, self._table, self._scene, ordered, None, self.node_size, NODES_LAYOUT, False,
-            self.scene.as_list(), 0,
-        )[1]
+        config = cgrx_config("uint64", "nodes", self.node_size, "binary", "radix", self.scene.as_list())
+        count = _ops().cgrx_lookup(*self._lead, config, ordered, None)[1]
         return count > 0
 
     def update(
@@ -336,7 +332,9 @@ class UpdatableCgRXIndex(CgRXIndex):
                 grown[: self._used * words] = nodes[: self._used * words]
                 nodes = grown
             ops.cgrx_nodes_apply(nodes, N, dk, dr, doff, ik, ir, ioff, first_new)
-        self._pairs = nodes
+        if nodes is not self._pairs:  # the region grew: the lookups' arguments follow it
+            self._pairs = nodes
+            self._prepare_lookups()
         self._used = need
         self._n += n_ins - removed
         if fresh_rows:

@@ -1,7 +1,7 @@
 """IdToRow: raw 64-bit IDs (user IDs, item IDs, hashed features) to the rows of an embedding table.
 
 Recommendation and ranking models key their embedding tables by sparse 64-bit IDs; the table itself is dense.
-:class:`IdToRow` holds the ID of every table row and maps a batch of raw IDs to row indices with one RX point
+:class:`IdToRow` holds the ID of every table row and maps a batch of raw IDs to row indices with one point
 lookup, inside or outside ``torch.compile``::
 
     id_to_row = IdToRow(table_ids, miss="default", default_row=0)
@@ -77,11 +77,11 @@ class IdToRow(torch.nn.Module):
         default_row: the row misses map to with ``miss="default"`` (a non-negative int; it may be
             ``len(ids)``, a row appended to the table for unknown IDs).
         index: ``"cgrx"`` (default: :class:`CgRXIndex` with the backend chosen for the device, on GPUs without
-            RT cores a radix-table search about 4x faster than ``torch.searchsorted`` over the sorted IDs and
+            RT cores a radix-table search, faster than ``torch.searchsorted`` over the sorted IDs and
             capturable in CUDA graphs) or ``"rx"`` (:class:`RXIndex`, one triangle per ID).
 
     The IDs are the buffer ``ids``, so ``.to()``, ``.cuda()``, ``state_dict()`` and ``load_state_dict()``
-    work as for any module; the RX index over them is rebuilt whenever the buffer moves or is loaded
+    work as for any module; the index over them is rebuilt whenever the buffer moves or is loaded
     (``load_state_dict`` accepts a different number of IDs than the module holds). Assigning a new tensor
     to ``ids`` or modifying it in place is picked up by the next eager call; under ``torch.compile``
     call :meth:`rebuild` instead.

@@ -17,6 +17,7 @@ import torch
 
 from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
 from ._keys import resolve_key_type
+from ._config import rx_config
 from .scene import RX_DEFAULT, SceneConfig
 
 DEFAULT_MAX_RANGE_RAYS = 1024
@@ -86,6 +87,7 @@ class RXIndex(IndexBase):
         s = self._structure[0] if self.device.type == "cpu" else torch.sort(ordered).values
         self.unique_keys = not bool((s[1:] == s[:-1]).any())
         self._note_key_span(s, already_sorted=True)
+        self._prepare_lookups()
 
     def rebuild(self, keys: torch.Tensor) -> None:
         """Replaces the indexed keys (the paper's update path). All-or-nothing: on error the index is unchanged."""
@@ -108,11 +110,11 @@ class RXIndex(IndexBase):
         self._note_keys(ordered)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _index_args(self, qlo: torch.Tensor, qhi: torch.Tensor | None) -> tuple:
-        return (self._structure, self._keys, qlo, qhi, self.scene.as_list(), self.unique_keys, self.max_range_rays)
-
-    def _kept_tensors(self) -> tuple[torch.Tensor, ...]:
+    def _index_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._structure, self._keys)
+
+    def _config(self, key_type: str) -> list[int]:
+        return rx_config(key_type, self.unique_keys, self.max_range_rays, self.scene.as_list())
 
     def _traces_rays(self) -> bool:
         return True

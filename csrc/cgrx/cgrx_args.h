@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "../core/checks.h"
+#include "../core/key_dispatch.h"
 #include "cgrx_answer.h"
 #include "cgrx_core.h"
 #include "cgrx_scene.h"
@@ -75,9 +76,30 @@ struct IndexArgs {
   SceneConfig scene;
 };
 
+// The index's typed configuration, one `int[] config` argument of every lookup operator, parsed once per call.
+// Its field order and the enums' values are mirrored by torch_rtindex/_config.py, which checks them against
+// config_schema() at import.
+struct CgrxConfig {
+  KeyType key_type;   // of the queries (the index's keys are ordered keys already)
+  int64_t layout;     // Layout
+  int64_t bucket_size;  // the node size for the node layout
+  bool linear_search;
+  int64_t backend;    // Backend
+  SceneConfig scene;
+};
+constexpr int64_t kCgrxConfigLength = 5 + kSceneConfigLength;
+
+inline CgrxConfig cgrx_config(at::IntArrayRef c) {
+  TORCH_CHECK(static_cast<int64_t>(c.size()) == kCgrxConfigLength, "a cgRX config has ", kCgrxConfigLength,
+              " entries [key_type, layout, bucket_size, bucket_search, backend, scene x5], got ", c.size());
+  TORCH_CHECK(c[3] == 0 || c[3] == 1, "bucket_search must be 0 (binary) or 1 (linear), got ", c[3]);
+  return CgrxConfig{key_type_from_int(c[0]), c[1], c[2], c[3] == 1, c[4], scene_from_list(c.slice(5))};
+}
+
 inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,
-                            int64_t bucket_size, int64_t layout, bool linear_search, at::IntArrayRef scene,
-                            int64_t backend) {
+                            const CgrxConfig& cfg) {
+  const int64_t layout = cfg.layout, bucket_size = cfg.bucket_size, backend = cfg.backend;
+  const bool linear_search = cfg.linear_search;
   const Layout l = layout_from_int(layout);
   check_bucket_size(bucket_size);
   TORCH_CHECK(backend >= 0 && backend <= 2, "backend must be 0 (radix table), 1 (optix) or 2 (binary search)");
@@ -108,7 +130,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
   a.reps = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   a.table = table.data_ptr<int32_t>();
   a.backend = static_cast<Backend>(backend);
-  a.scene = scene_from_list(scene);
+  a.scene = cfg.scene;
   return a;
 }
 

@@ -105,10 +105,8 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
 //   - a flag for "no two pairs share a key": point lookups then stop at their first match instead of reading
 //     the next pair (often in the next line).
 // Skewed keys make some slices wide; the search inside a slice is binary, bounded by log2 of its width.
-// Measured on an H100 (2^26 uniform 64-bit keys, 2^27 lookups, B = 16): bucket units with 16-bit words (10 MB)
-// 14.2 ms, reading 164 bytes per lookup from device memory, nearly all of them two or three lines of the bucket;
-// line units: packed_row 12.3 ms (135 B), aligned_row 11.2 ms (115 B: the query, one line and the table's L2
-// misses), where a hash table reads 151 B in 11.5 ms (benchmarks/results/README.md).
+// Line units read fewer device-memory bytes per lookup than bucket units (the query, one line and the table's
+// L2 misses against two or three lines of the bucket); the measurements are in benchmarks/results/README.md.
 // Layout (int32 words): [shift, R, flags, 0, first (2 words), entry 0 .. entry 2^R, words, 4 per int32].
 constexpr int kRadixHeaderWords = 6;
 constexpr int kRadixUnitsPerSlice = 4;  // log2 of the units a slice holds on average
@@ -192,9 +190,8 @@ struct RadixTable {
 
   RTX_HD explicit RadixTable(const int32_t* table) : header(table) {}
 
-  // The header, read by every lookup, through the read-only path (load_resident). With plain loads (which
-  // the compiler must repeat after each answer's store) packed_row B=16 took 14.5 ms instead of 12.3 on an
-  // H100 (7ed48e6, whose other change did not touch packed_row lookups).
+  // The header, read by every lookup, through the read-only path (load_resident): plain loads must be repeated
+  // after each answer's store, which measurably slowed the lookups (benchmarks/results/README.md).
   RTX_HD uint32_t header_word(int i) const { return load_resident(reinterpret_cast<const uint32_t*>(header) + i); }
   RTX_HD int shift() const { return static_cast<int>(header_word(0)); }
   RTX_HD int log2_slots() const { return static_cast<int>(header_word(1)); }

@@ -68,27 +68,10 @@ at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::In
   return tris;
 }
 
-struct Queries {
-  const uint64_t* lo;
-  const uint64_t* hi;
-  int64_t q;
-};
-
-Queries queries_of(const at::Tensor& pairs, const at::Tensor& lo, const c10::optional<at::Tensor>& hi) {
-  check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
-  check_same_device(pairs, lo, "the index", "the queries");
-  Queries out{reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>()), nullptr, lo.numel()};
-  if (hi.has_value()) {
-    check_ordered_keys(*hi, "hi");
-    TORCH_CHECK(hi->numel() == lo.numel(), "lo and hi must have the same length");
-    out.hi = reinterpret_cast<const uint64_t*>(hi->data_ptr<int64_t>());
-  }
-  return out;
-}
-
-auto matches_of(const IndexArgs& a, const Queries& qs) {
+auto matches_of(const IndexArgs& a, const QueryKeys& qs) {
   return [&a, &qs](int64_t i, auto&& visit) {
-    const uint64_t lo = qs.lo[i], hi = qs.hi ? qs.hi[i] : lo;
+    uint64_t lo, hi;
+    qs.range(static_cast<uint64_t>(i), lo, hi);
     const auto on_row = [&](uint32_t row) { visit(static_cast<int64_t>(row)); };
     if (a.backend == Backend::Radix) {
       visit_matches(a.storage, a.reps, a.num_reps, a.table, lo, hi, RadixSearch{}, on_row);
@@ -101,33 +84,34 @@ auto matches_of(const IndexArgs& a, const Queries& qs) {
 
 #define CGRX_LOOKUP_ARGS                                                                                       \
   const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor & /*scene_structure*/, \
-      const at::Tensor &lo, const c10::optional<at::Tensor> &hi, int64_t bucket_size, int64_t layout,            \
-      bool linear_search, at::IntArrayRef scene, int64_t backend
+      at::IntArrayRef config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
+// The checked index and queries of one lookup call.
+#define CGRX_PREPARE                                                                  \
+  const CgrxConfig cfg = cgrx_config(config);                                         \
+  const IndexArgs a = index_args(pairs, reps, table, cfg);                            \
+  const QueryKeys qs = query_keys(pairs, lo, hi, cfg.key_type)
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cpu(CGRX_LOOKUP_ARGS) {
-  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
-  const Queries qs = queries_of(pairs, lo, hi);
-  return cpu_results::first_and_count(qs.q, lo.options(), matches_of(a, qs));
+  CGRX_PREPARE;
+  return cpu_results::first_and_count(lo.numel(), lo.options().dtype(at::kLong), matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
-  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
-  const Queries qs = queries_of(pairs, lo, hi);
+  CGRX_PREPARE;
   // cgRX visits matches in (key, rowID) order, which is also its documented output order.
-  return cpu_results::csr(qs.q, lo.options(), /*sort_rows=*/false, matches_of(a, qs));
+  return cpu_results::csr(lo.numel(), lo.options().dtype(at::kLong), /*sort_rows=*/false, matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cpu(CGRX_LOOKUP_ARGS, int64_t capacity) {
-  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
-  const Queries qs = queries_of(pairs, lo, hi);
-  return cpu_results::csr_capped(qs.q, lo.options(), /*sort_rows=*/false, capacity, matches_of(a, qs));
+  CGRX_PREPARE;
+  return cpu_results::csr_capped(lo.numel(), lo.options().dtype(at::kLong), /*sort_rows=*/false, capacity,
+                                 matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
-  const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
-  const Queries qs = queries_of(pairs, lo, hi);
+  CGRX_PREPARE;
   check_cgrx_values(values, a.storage, pairs);
-  return cpu_results::aggregate(qs.q, lo.options(), values, matches_of(a, qs));
+  return cpu_results::aggregate(lo.numel(), lo.options().dtype(at::kLong), values, matches_of(a, qs));
 }
 
 // One step of the OptiX backend's ray search (ray_search_step, cgrx_scene.h) for every query, so that a test
@@ -195,6 +179,11 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cpu);
+  // The same kernels under the names of the ray-tracing backend (ops.cpp says why).
+  m.impl("cgrx_optix_lookup", &cgrx_lookup_cpu);
+  m.impl("cgrx_optix_lookup_csr", &cgrx_lookup_csr_cpu);
+  m.impl("cgrx_optix_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
+  m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cpu);
   m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu);
 }
 

@@ -131,24 +131,17 @@ struct Launch {
   int device;
 
   Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table, const at::Tensor& scene_structure_,
-         const at::Tensor& lo, const c10::optional<at::Tensor>& hi, int64_t bucket_size, int64_t layout,
-         bool linear_search, at::IntArrayRef scene, int64_t backend)
+         at::IntArrayRef config, const at::Tensor& lo, const c10::optional<at::Tensor>& hi)
       : scene_structure(scene_structure_) {
-    const IndexArgs a = index_args(pairs, reps, table, bucket_size, layout, linear_search, scene, backend);
-    check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
-    check_same_device(pairs, lo, "the index", "the queries");
+    const CgrxConfig cfg = cgrx_config(config);
+    const IndexArgs a = index_args(pairs, reps, table, cfg);
+    p.queries = query_keys(pairs, lo, hi, cfg.key_type);
     p.storage = a.storage;
     p.reps = a.reps;
     p.num_reps = a.num_reps;
     p.table = a.table;
     p.backend = static_cast<uint32_t>(a.backend);
     p.scene = a.scene;
-    p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());
-    if (hi.has_value()) {
-      check_ordered_keys(*hi, "hi");
-      TORCH_CHECK(hi->numel() == lo.numel(), "lo and hi must have the same length");
-      p.hi = reinterpret_cast<const uint64_t*>(hi->data_ptr<int64_t>());
-    }
     p.num_queries = static_cast<uint64_t>(lo.numel());
     device = lo.device().index();
     if (a.backend == Backend::OptiX && a.num_reps > 0) {
@@ -184,21 +177,20 @@ struct Launch {
 
 #define CGRX_LOOKUP_ARGS                                                                                  \
   const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor &scene_structure, \
-      const at::Tensor &lo, const c10::optional<at::Tensor> &hi, int64_t bucket_size, int64_t layout,       \
-      bool linear_search, at::IntArrayRef scene, int64_t backend
-#define CGRX_FORWARD pairs, reps, table, scene_structure, lo, hi, bucket_size, layout, linear_search, scene, backend
+      at::IntArrayRef config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
+#define CGRX_FORWARD pairs, reps, table, scene_structure, config, lo, hi
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  return cuda_results::first_and_count(l, lo.numel(), lo.options(), false);
+  return cuda_results::first_and_count(l, lo.numel(), lo.options().dtype(at::kLong), false);
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
   // Matches arrive in (key, row ID) order: no sort needed.
-  auto [offsets, rows, counts] = cuda_results::csr(l, lo.numel(), lo.options(), false);
+  auto [offsets, rows, counts] = cuda_results::csr(l, lo.numel(), lo.options().dtype(at::kLong), false);
   return {offsets, rows};
 }
 
@@ -207,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cuda(CGRX_LOOKUP_ARGS, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, lo.numel(), lo.options(), capacity, false);
+  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, lo.numel(), lo.options().dtype(at::kLong), capacity, false);
   return {offsets, rows, total};
 }
 
@@ -215,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const a
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
   check_cgrx_values(values, l.p.storage, pairs);
-  return cuda_results::aggregate(l, lo.numel(), lo.options(), values, false);
+  return cuda_results::aggregate(l, lo.numel(), lo.options().dtype(at::kLong), values, false);
 }
 
 }  // namespace
@@ -228,6 +220,11 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cuda);
+  // The same kernels under the names of the ray-tracing backend (ops.cpp says why).
+  m.impl("cgrx_optix_lookup", &cgrx_lookup_cuda);
+  m.impl("cgrx_optix_lookup_csr", &cgrx_lookup_csr_cuda);
+  m.impl("cgrx_optix_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
+  m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cuda);
 }
 
 }  // namespace rtindex::cgrx

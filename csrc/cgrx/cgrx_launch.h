@@ -1,6 +1,7 @@
 // What a cgRX lookup launch (CUDA kernel or OptiX program) receives. Shared by host and device code.
 #pragma once
 
+#include "../core/queries.h"
 #include "../core/results_device.h"
 #include "../core/scene.h"
 #include "../optix/gas_header.h"
@@ -20,8 +21,7 @@ struct LaunchParams {
   const int32_t* table;  // radix table over the representatives
   uint32_t backend;  // Backend
   SceneConfig scene;
-  const uint64_t* lo;
-  const uint64_t* hi;  // nullptr: point lookups
+  QueryKeys queries;  // mapped to ordered keys where they are read
   uint64_t query_base;
   uint64_t num_queries;
   ResultParams results;
@@ -32,7 +32,8 @@ struct LaunchParams {
 // RadixSearch (visit_matches).
 template <typename Find>
 __device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
-  const uint64_t lo = load_once(p.lo + q), hi = p.hi ? load_once(p.hi + q) : lo;
+  uint64_t lo, hi;
+  p.queries.range(q, lo, hi);
   HitState s;
   visit_matches(p.storage, p.reps, p.num_reps, p.table, lo, hi, find, [&](uint32_t row) { record_hit(p.results, s, row, q); });
   write_result(p.results, s, q);

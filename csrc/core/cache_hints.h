@@ -1,10 +1,10 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
 // (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
 // units' words) is read evict-last in L2, so that a batch of random reads of the pairs does not push it out
-// (ncu on an H100 without hints: most of its reads missed L2). The pairs keep the default: evict-first there,
-// in L1 and L2 (ld.global.cs) or in L2 alone (createpolicy evict_first), made the lookups slower and read more
-// device memory (H100, 2^26 keys, aligned_row B=16: 11.2 -> 18.1 ms, 115 -> 163 bytes per lookup), and so
-// did reading the line found by the radix table whole, at once, evict-first in L2 (120 bytes per lookup).
+// (without hints most of its reads missed L2). The pairs keep the default: evict-first there, in L1 and L2
+// (ld.global.cs) or in L2 alone (createpolicy evict_first), made the lookups slower and read more device
+// memory, and so did reading the line found by the radix table whole, at once, evict-first in L2 (the
+// measurements: benchmarks/results/README.md).
 //
 // OptiX programs get plain loads: OptiX's compiler rejects these PTX forms (an internal assertion at module
 // creation), and a ray costs far more than the bytes there. They are compiled with RTINDEX_OPTIX_PROGRAMS.

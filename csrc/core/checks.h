@@ -6,6 +6,8 @@
 
 #include <vector>
 
+#include "key_dispatch.h"
+#include "queries.h"
 #include "results_device.h"
 #include "scene.h"
 
@@ -50,17 +52,26 @@ inline SceneConfig scene_from_list(at::IntArrayRef scene) {
   return c;
 }
 
-// Checks the query arguments of a lookup and returns whether it is a range lookup.
-inline bool check_lookup_args(const at::Tensor& keys, const at::Tensor& lo, const c10::optional<at::Tensor>& hi) {
-  check_ordered_keys(keys, "keys");
-  check_ordered_keys(lo, hi.has_value() ? "lo" : "queries");
-  check_same_device(keys, lo, "the index", "the queries");
-  if (!hi.has_value()) return false;
-  check_ordered_keys(*hi, "hi");
-  check_same_device(lo, *hi, "lo", "hi");
-  TORCH_CHECK(lo.numel() == hi->numel(), "lo and hi must have the same length, got ", lo.numel(), " and ",
-              hi->numel());
-  return true;
+// A lookup's queries in the caller's dtype (or ordered keys with KeyType::UInt64), checked against the index
+// (`index` is any tensor of it, for its device); the kernels map them where they read them.
+inline QueryKeys query_keys(const at::Tensor& index, const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
+                            KeyType t) {
+  const char* name = hi.has_value() ? "lo" : "queries";
+  TORCH_CHECK(lo.dim() == 1, name, " must be a 1-D tensor, got ", lo.dim(), " dimensions");
+  TORCH_CHECK(dtype_holds(lo.scalar_type(), t), name, " have dtype ", lo.scalar_type(), " but the index holds ",
+              key_type_name(t), " keys");
+  TORCH_CHECK(lo.is_contiguous(), name, " must be contiguous");
+  check_same_device(index, lo, "the index", name);
+  QueryKeys q{lo.data_ptr(), nullptr, static_cast<uint32_t>(t)};
+  if (hi.has_value()) {
+    TORCH_CHECK(hi->dim() == 1 && hi->scalar_type() == lo.scalar_type() && hi->is_contiguous(),
+                "hi must be a contiguous 1-D tensor of lo's dtype");
+    check_same_device(lo, *hi, "lo", "hi");
+    TORCH_CHECK(lo.numel() == hi->numel(), "lo and hi must have the same length, got ", lo.numel(), " and ",
+                hi->numel());
+    q.hi = hi->data_ptr();
+  }
+  return q;
 }
 
 // `index` is any tensor of the index (for its device); num_keys the number of indexed keys.

@@ -13,6 +13,7 @@
 #include "../core/results_cpu.h"
 #include "../core/scene.h"
 #include "../core/sort.h"
+#include "rx_args.h"
 
 namespace rtindex {
 namespace {
@@ -56,77 +57,66 @@ struct SortedKeys {
 
 // Visits the matches of query i, walking the same ray sequence the OptiX programs fire.
 template <typename Visit>
-void visit_matches(const SortedKeys& sk, const uint64_t* lo, const uint64_t* hi, int64_t i, const SceneConfig& c,
-                   int64_t max_range_rays, Visit&& visit) {
-  if (hi == nullptr) {
-    sk.visit_interval(lo[i], lo[i], visit);
+void visit_matches(const SortedKeys& sk, const QueryKeys& qs, int64_t i, const RxConfig& cfg, Visit&& visit) {
+  uint64_t lo, hi;
+  qs.range(static_cast<uint64_t>(i), lo, hi);
+  if (qs.hi == nullptr) {
+    sk.visit_interval(lo, lo, visit);
     return;
   }
-  const uint64_t segments = range_segment_count(lo[i], hi[i], c);
+  const uint64_t segments = range_segment_count(lo, hi, cfg.scene);
   if (segments == 0) return;
-  if (segments > static_cast<uint64_t>(max_range_rays)) {  // the GPU scans the keys for such wide ranges
-    sk.visit_interval(lo[i], hi[i], visit);
+  if (segments > static_cast<uint64_t>(cfg.max_range_rays)) {  // the GPU scans the keys for such wide ranges
+    sk.visit_interval(lo, hi, visit);
     return;
   }
   for (uint64_t s = 0; s < segments; ++s) {
-    const RowSegment seg = range_segment(lo[i], hi[i], s, c);
-    sk.visit_interval(segment_first_key(seg, c), segment_last_key(seg, c), visit);
+    const RowSegment seg = range_segment(lo, hi, s, cfg.scene);
+    sk.visit_interval(segment_first_key(seg, cfg.scene), segment_last_key(seg, cfg.scene), visit);
   }
 }
 
 struct LookupArgs {
   SortedKeys sk;
-  const uint64_t* lo;
-  const uint64_t* hi;
-  int64_t q;
-  SceneConfig cfg;
+  QueryKeys qs;
+  RxConfig cfg;
 };
 
-LookupArgs lookup_args(const at::Tensor& structure, const at::Tensor& keys, const at::Tensor& lo,
-                       const c10::optional<at::Tensor>& hi, at::IntArrayRef scene, int64_t max_range_rays) {
-  const bool is_range = check_lookup_args(keys, lo, hi);
-  TORCH_CHECK(max_range_rays >= 1, "max_range_rays must be at least 1");
-  return LookupArgs{SortedKeys(structure), reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>()),
-                    is_range ? reinterpret_cast<const uint64_t*>(hi->data_ptr<int64_t>()) : nullptr,
-                    lo.numel(), scene_from_list(scene)};
+LookupArgs lookup_args(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config,
+                       const at::Tensor& lo, const c10::optional<at::Tensor>& hi) {
+  check_ordered_keys(keys, "keys");
+  const RxConfig cfg = rx_config(config);
+  return LookupArgs{SortedKeys(structure), query_keys(keys, lo, hi, cfg.key_type), cfg};
 }
 
 // The matches of query i of a lookup, for the shared result forms.
-auto matches_of(const LookupArgs& a, int64_t max_range_rays) {
-  return [&a, max_range_rays](int64_t i, auto&& visit) {
-    visit_matches(a.sk, a.lo, a.hi, i, a.cfg, max_range_rays, visit);
-  };
+auto matches_of(const LookupArgs& a) {
+  return [&a](int64_t i, auto&& visit) { visit_matches(a.sk, a.qs, i, a.cfg, visit); };
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_cpu(const at::Tensor& structure, const at::Tensor& keys,
-                                                 const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                 at::IntArrayRef scene, bool /*unique_keys*/, int64_t max_range_rays) {
-  const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  return cpu_results::first_and_count(a.q, lo.options(), matches_of(a, max_range_rays));
+#define RX_LOOKUP_ARGS \
+  const at::Tensor &structure, const at::Tensor &keys, at::IntArrayRef config, const at::Tensor &lo, \
+      const c10::optional<at::Tensor> &hi
+
+std::tuple<at::Tensor, at::Tensor> rx_lookup_cpu(RX_LOOKUP_ARGS) {
+  const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
+  return cpu_results::first_and_count(lo.numel(), keys.options(), matches_of(a));
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cpu(const at::Tensor& structure, const at::Tensor& keys,
-                                                     const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                     at::IntArrayRef scene, bool /*unique_keys*/, int64_t max_range_rays) {
-  const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  return cpu_results::csr(a.q, lo.options(), /*sort_rows=*/true, matches_of(a, max_range_rays));
+std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cpu(RX_LOOKUP_ARGS) {
+  const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
+  return cpu_results::csr(lo.numel(), keys.options(), /*sort_rows=*/true, matches_of(a));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cpu(const at::Tensor& structure, const at::Tensor& keys,
-                                                                        const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                                        at::IntArrayRef scene, bool /*unique_keys*/,
-                                                                        int64_t max_range_rays, int64_t capacity) {
-  const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
-  return cpu_results::csr_capped(a.q, lo.options(), /*sort_rows=*/true, capacity, matches_of(a, max_range_rays));
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cpu(RX_LOOKUP_ARGS, int64_t capacity) {
+  const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
+  return cpu_results::csr_capped(lo.numel(), keys.options(), /*sort_rows=*/true, capacity, matches_of(a));
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(const at::Tensor& structure, const at::Tensor& keys,
-                                                    const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                    at::IntArrayRef scene, bool /*unique_keys*/,
-                                                    int64_t max_range_rays, const at::Tensor& values) {
-  const LookupArgs a = lookup_args(structure, keys, lo, hi, scene, max_range_rays);
+std::tuple<at::Tensor, at::Tensor> rx_aggregate_cpu(RX_LOOKUP_ARGS, const at::Tensor& values) {
+  const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
   check_values(values, keys.numel(), keys);
-  return cpu_results::aggregate(a.q, lo.options(), values, matches_of(a, max_range_rays));
+  return cpu_results::aggregate(lo.numel(), keys.options(), values, matches_of(a));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "../core/scene.h"
 #include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
+#include "rx_args.h"
 #include "rx_launch.h"
 
 namespace rtindex {
@@ -63,22 +64,20 @@ struct Launch {
   int device;
   int64_t q;
 
-  Launch(const at::Tensor& structure, const at::Tensor& keys, const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-         at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
-    const bool is_range = check_lookup_args(keys, lo, hi);
+  Launch(const at::Tensor& structure, const at::Tensor& keys, const RxConfig& cfg, const at::Tensor& lo,
+         const c10::optional<at::Tensor>& hi) {
+    check_ordered_keys(keys, "keys");
     check_same_device(structure, keys, "the structure", "the keys");
     gas::check_structure(structure);
-    TORCH_CHECK(max_range_rays >= 1, "max_range_rays must be at least 1");
+    p.queries = query_keys(keys, lo, hi, cfg.key_type);
     device = keys.device().index();
     q = lo.numel();
     p.header = reinterpret_cast<const GasHeader*>(structure.data_ptr());
     p.keys = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
     p.num_keys = static_cast<uint64_t>(keys.numel());
-    p.lo = reinterpret_cast<const uint64_t*>(lo.data_ptr<int64_t>());
-    p.hi = is_range ? reinterpret_cast<const uint64_t*>(hi->data_ptr<int64_t>()) : nullptr;
-    p.scene = scene_from_list(scene);
-    p.unique_keys = unique_keys ? 1u : 0u;
-    p.max_range_rays = static_cast<uint64_t>(max_range_rays);
+    p.scene = cfg.scene;
+    p.unique_keys = cfg.unique_keys ? 1u : 0u;
+    p.max_range_rays = static_cast<uint64_t>(cfg.max_range_rays);
   }
 
   // One optixLaunch per 2^30 queries (OptiX's launch-size limit); parameters go to a device buffer from the
@@ -102,24 +101,24 @@ struct Launch {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, const at::Tensor& keys,
-                                                  const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                  at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
+std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+    const c10::optional<at::Tensor>& hi) {
   const c10::cuda::CUDAGuard guard(keys.device());
-  Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  return cuda_results::first_and_count(l, l.q, lo.options(), l.p.num_keys == 0);
+  const RxConfig cfg = rx_config(config);
+  Launch l(structure, keys, cfg, lo, hi);
+  return cuda_results::first_and_count(l, l.q, keys.options(), l.p.num_keys == 0);
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys,
-                                                      const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                      at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays) {
+std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+    const c10::optional<at::Tensor>& hi) {
   const c10::cuda::CUDAGuard guard(keys.device());
-  Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  auto [offsets, rows, counts] = cuda_results::csr(l, l.q, lo.options(), l.p.num_keys == 0);
-  const bool at_most_one = unique_keys && !hi.has_value();
+  const RxConfig cfg = rx_config(config);
+  Launch l(structure, keys, cfg, lo, hi);
+  auto [offsets, rows, counts] = cuda_results::csr(l, l.q, keys.options(), l.p.num_keys == 0);
+  const bool at_most_one = cfg.unique_keys && !hi.has_value();
   if (!at_most_one && rows.numel() > 0) {
     // Hits arrive in traversal order; sort each query's rows ascending (query in the high bits).
-    at::Tensor owner = at::repeat_interleave(at::arange(l.q, lo.options()), counts, /*dim=*/0, /*output_size=*/rows.numel());
+    at::Tensor owner = at::repeat_interleave(at::arange(l.q, keys.options()), counts, /*dim=*/0, /*output_size=*/rows.numel());
     at::Tensor composite = owner * (int64_t(1) << 32) + rows;
     rows = std::get<0>(composite.sort()) & 0xFFFFFFFFLL;
   }
@@ -129,16 +128,15 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
 // The fixed-capacity form, without a host sync: the composite sort runs over the whole buffer, the entries
 // past the matches (or past the buffer) keyed by a sentinel that sorts last. A query cut off by the capacity
 // keeps the rows its rays met first, in ascending order.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const at::Tensor& structure, const at::Tensor& keys,
-                                                                         const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                                         at::IntArrayRef scene, bool unique_keys,
-                                                                         int64_t max_range_rays, int64_t capacity) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+    const c10::optional<at::Tensor>& hi, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(keys.device());
-  Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
-  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, l.q, lo.options(), capacity, l.p.num_keys == 0);
-  const bool at_most_one = unique_keys && !hi.has_value();
+  const RxConfig cfg = rx_config(config);
+  Launch l(structure, keys, cfg, lo, hi);
+  auto [offsets, rows, total, counts] = cuda_results::csr_capped(l, l.q, keys.options(), capacity, l.p.num_keys == 0);
+  const bool at_most_one = cfg.unique_keys && !hi.has_value();
   if (!at_most_one && capacity > 0 && l.q > 0) {
-    at::Tensor pos = at::arange(capacity, lo.options());
+    at::Tensor pos = at::arange(capacity, keys.options());
     at::Tensor written = pos < total;  // the filled prefix: min(total, capacity) entries
     at::Tensor owner = at::searchsorted(offsets.slice(0, 1), pos, /*out_int32=*/false, /*right=*/true);
     at::Tensor composite = at::where(written, owner * (int64_t(1) << 32) + rows, std::numeric_limits<int64_t>::max());
@@ -147,14 +145,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const a
   return {offsets, rows, total};
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure, const at::Tensor& keys,
-                                                     const at::Tensor& lo, const c10::optional<at::Tensor>& hi,
-                                                     at::IntArrayRef scene, bool unique_keys, int64_t max_range_rays,
+std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+    const c10::optional<at::Tensor>& hi,
                                                      const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(keys.device());
-  Launch l(structure, keys, lo, hi, scene, unique_keys, max_range_rays);
+  const RxConfig cfg = rx_config(config);
+  Launch l(structure, keys, cfg, lo, hi);
   check_values(values, keys.numel(), keys);
-  return cuda_results::aggregate(l, l.q, lo.options(), values, l.p.num_keys == 0);
+  return cuda_results::aggregate(l, l.q, keys.options(), values, l.p.num_keys == 0);
 }
 
 }  // namespace

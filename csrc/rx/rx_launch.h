@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../core/queries.h"
 #include "../core/scene.h"
 #include "../core/results_device.h"
 #include "../optix/gas_header.h"
@@ -15,8 +16,7 @@ struct RxLaunchParams {
   const GasHeader* header;
   const uint64_t* keys;  // ordered keys by row ID, for ranges too wide to trace row by row
   uint64_t num_keys;
-  const uint64_t* lo;  // ordered query keys, or range lower bounds
-  const uint64_t* hi;  // nullptr for point lookups
+  QueryKeys queries;   // mapped to ordered keys where they are read
   uint64_t query_base; // launch index i answers query query_base + i
   SceneConfig scene;
   uint32_t unique_keys;

@@ -47,11 +47,11 @@ constexpr unsigned kFirstHitOnly = OPTIX_RAY_FLAG_DISABLE_ANYHIT | OPTIX_RAY_FLA
 extern "C" __global__ void __raygen__rx() {
   const unsigned long long q = params.query_base + optixGetLaunchIndex().x;
   HitState s;
-  const uint64_t lo = params.lo[q];
-  if (params.hi == nullptr) {
+  uint64_t lo, hi;
+  params.queries.range(q, lo, hi);
+  if (params.queries.hi == nullptr) {
     trace(point_ray(lo, params.scene), params.unique_keys ? kFirstHitOnly : kCollectAll, s);
   } else {
-    const uint64_t hi = params.hi[q];
     const uint64_t segments = range_segment_count(lo, hi, params.scene);
     if (segments > params.max_range_rays) {
       for (uint64_t i = 0; i < params.num_keys; ++i) {
