@@ -199,7 +199,7 @@ def test_index_rebuilt_while_another_stream_reads_it(gen, kind):
     with torch.cuda.stream(reader):
         torch.cuda._sleep(SLEEP_CYCLES)
         result = index.lookup(q)  # reads the index's tensors late, on the reader stream
-    sizes = [t.nbytes for t in index._kept_tensors()]
+    sizes = [t.nbytes for t in index._index_tensors()]
     index.rebuild(keys_b.cuda())  # frees the old structure on the default stream...
     junk = [torch.full((max(n, 1),), 0x55, dtype=torch.uint8, device="cuda") for n in sizes]  # ...and reuses memory
     torch.cuda.synchronize()

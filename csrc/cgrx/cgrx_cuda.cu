@@ -104,13 +104,15 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
 
 // The radix-table and binary-search backends: one thread per query, grid-stride. The binary search is the
 // reference the other backends are checked against; node chains (the updatable index) also take this kernel.
+template <KeyType T>
 __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   const bool radix = static_cast<Backend>(p.backend) == Backend::Radix;
+  const auto range = [&](uint64_t i, uint64_t& lo, uint64_t& hi) { p.queries.range_as<T>(i, lo, hi); };
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
     if (radix)
-      answer_query(p, q, RadixSearch{});
+      answer_query(p, q, RadixSearch{}, range);
     else
-      answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); });
+      answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); }, range);
   }
 }
 
@@ -155,7 +157,9 @@ struct Launch {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
     if (static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
-      search_kernel<<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
+      with_query_type(p.queries.key_type, [&](auto t) {
+        search_kernel<decltype(t)::value><<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
+      });
       RTX_CHECK_LAUNCH();
       return;
     }

@@ -30,13 +30,19 @@ struct LaunchParams {
 #if defined(__CUDACC__)
 // One query, start to finish; `find` maps a key to the bucket of the first representative >= key, or is
 // RadixSearch (visit_matches).
-template <typename Find>
-__device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
+template <typename Find, typename Range>
+__device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find, Range&& range) {
   uint64_t lo, hi;
-  p.queries.range(q, lo, hi);
+  range(q, lo, hi);
   HitState s;
   visit_matches(p.storage, p.reps, p.num_reps, p.table, lo, hi, find, [&](uint32_t row) { record_hit(p.results, s, row, q); });
   write_result(p.results, s, q);
+}
+
+// With the queries' key type read at run time (the OptiX programs, where a ray costs far more).
+template <typename Find>
+__device__ __forceinline__ void answer_query(const LaunchParams& p, uint64_t q, Find&& find) {
+  answer_query(p, q, find, [&](uint64_t i, uint64_t& lo, uint64_t& hi) { p.queries.range(i, lo, hi); });
 }
 #endif
 
