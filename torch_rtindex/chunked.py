@@ -348,6 +348,9 @@ class ChunkedIndex:
     """
 
     range_rows_ascending = False
+    #: keys sorted at once by the build (None: from the budget on CUDA, all on the CPU); tests set it to run the
+    #: splitter-range build on the CPU
+    _build_range_keys: int | None = None
 
     def __init__(
         self,
@@ -423,7 +426,6 @@ class ChunkedIndex:
         self._io_stream = None
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s; replaced by measurements
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s; likewise
-        self._build_bucket_keys: int | None = None
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
@@ -461,8 +463,8 @@ class ChunkedIndex:
         n = keys.numel()
         W = self._work_device(keys)
         T = self._chunk_keys()
-        if self._build_bucket_keys is not None:
-            bucket_keys = self._build_bucket_keys
+        if self._build_range_keys is not None:
+            bucket_keys = self._build_range_keys
         elif W.type == "cuda":
             # ~64 bytes per key while a range is sorted (keys, positions, the sort's output and scratch), plus a
             # chunk's own build (~64 bytes per key of the chunk).
@@ -566,7 +568,9 @@ class ChunkedIndex:
         else:
             kmin = kmax = None
             base = last = 0
-        l2g = (rows_sorted - base).to(torch.int32) if last - base < 2**31 else rows_sorted
+        l2g = rows_sorted - base
+        if last - base < 2**31:
+            l2g = l2g.to(torch.int32)  # half the bytes to copy: rows of a chunk usually span < 2^31
         if n >= 2**32 - 1:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
         blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
