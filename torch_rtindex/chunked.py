@@ -127,6 +127,7 @@ class _Chunk:
         self.host = host  # uint8 blob (pinned where CUDA is available), None until loaded from `file`
         self.file = file  # {"path", "size", "crc32"} when the chunk is (also) in a saved directory
         self.heat = 0.0
+        self.host_view: _View | None = None
         self.lock = threading.Lock()
 
 
@@ -506,15 +507,16 @@ class ChunkedIndex:
         sample = torch.sort(sample).values
         spl = torch.unique(sample[(torch.arange(1, buckets, device=W) * s) // buckets])  # sorted, distinct
         B = spl.numel() + 1
-        piece = bucket_keys
+        piece = max(1, bucket_keys // 2)  # a piece and the next one's first tensors may be alive at once
 
         def pieces():
             for a in range(0, n, piece):
                 b = min(n, a + piece)
                 o = self._map(keys[a:b].to(W, non_blocking=True))
-                yield a, o, torch.searchsorted(spl, o ^ TOP, right=True)
+                yield a, o, torch.searchsorted(spl, o ^ TOP, right=True, out_int32=True)
 
         counts = torch.stack([torch.bincount(bid, minlength=B).cpu() for _, _, bid in pieces()])  # [pieces, B]
+        counts = counts.to(torch.int64)
         per_bucket = counts.sum(0)
         bucket_start = torch.cumsum(per_bucket, 0) - per_bucket
         dest = bucket_start[None, :] + torch.cumsum(counts, 0) - counts  # [pieces, B]: where each piece's share goes
@@ -591,6 +593,13 @@ class ChunkedIndex:
                     self._stats["time_s"]["load"] += time.perf_counter() - t0
         return chunk.host
 
+    def _host_view(self, chunk: _Chunk) -> _View:
+        """The chunk's structure over its host blob (made once: the blob never changes)."""
+        view = chunk.host_view
+        if view is None:
+            view = chunk.host_view = self._view(chunk, self._host(chunk))
+        return view
+
     def _view(self, chunk: _Chunk, buf: torch.Tensor) -> _View:
         t = _views(buf, chunk.specs)
         span = None if chunk.kmin is None else (chunk.kmin, chunk.kmax)
@@ -603,7 +612,7 @@ class ChunkedIndex:
     def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
         csrc/cgrx/cgrx_core.h)."""
-        view = self._view(chunk, self._host(chunk))
+        view = self._host_view(chunk)
         p, n = view.index._pairs, chunk.n
         if self.layout == "packed_row":
             w = p.view(-1, 3).to(torch.int64) & 0xFFFFFFFF
@@ -738,7 +747,11 @@ class ChunkedIndex:
             piece_q = torch.repeat_interleave(torch.arange(q, device=D), npieces, output_size=P)
             first_piece = torch.cumsum(npieces, 0) - npieces
             pchunk = clo.index_select(0, piece_q) + torch.arange(P, device=D) - first_piece.index_select(0, piece_q)
-        order = torch.sort(pchunk, stable=True).indices if len(self._chunks) > 1 else torch.arange(P, device=D)
+        if len(self._chunks) == 1:
+            order = torch.arange(P, device=D)
+        else:  # narrow ids: a radix sort makes one pass per byte of the key
+            narrow = torch.int16 if len(self._chunks) < 2**15 else torch.int32
+            order = torch.sort(pchunk.to(narrow), stable=True).indices
         counts = torch.bincount(pchunk, minlength=len(self._chunks)).tolist() if P else [0] * len(self._chunks)
         sq = order if piece_q is None else piece_q.index_select(0, order)  # the query of each queue entry
         s_lo = qlo.index_select(0, sq)
@@ -804,7 +817,7 @@ class ChunkedIndex:
             while (task := sched.claim("cpu")) is not None:
                 self._maybe_fault("cpu_task")
                 t0 = time.perf_counter()
-                view = self._view(task.chunk, self._host(task.chunk))
+                view = self._host_view(task.chunk)
                 qlo, qhi = batch.queue(task, torch.device("cpu"), self)
                 task.result = self._answer(view, batch, qlo, qhi, torch.device("cpu"))
                 dt = time.perf_counter() - t0
@@ -909,6 +922,15 @@ class ChunkedIndex:
 
     def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
         """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
+        if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
+            first = torch.full((q,), -1, dtype=torch.int64, device=D)
+            count = torch.zeros(q, dtype=torch.int64, device=D)
+            for t in tasks:
+                idx = sq[t.start : t.start + t.size]
+                f, c = (x.to(D) for x in t.result[1:])
+                first.index_copy_(0, idx, f)
+                count.index_copy_(0, idx, c)
+            return first, count
         if form == "lookup":
             first = torch.full((q,), I64_MAX, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
