@@ -498,3 +498,12 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     modes = {r["mode"] for r in result["runs"]}
     assert {"chunked", "cpu_only", "in_core"} <= modes
     assert all(r["checked"] for r in result["runs"] if not r.get("skipped"))
+
+
+def test_readme_section_runs():
+    from test_readme_examples import python_blocks
+
+    blocks = python_blocks("Indexes larger than GPU memory")
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md (Indexes larger than GPU memory)", "exec"), {})
