@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -507,3 +508,61 @@ def test_readme_section_runs():
     assert blocks
     for code in blocks:
         exec(compile(code, "README.md (Indexes larger than GPU memory)", "exec"), {})
+
+
+READER = r"""
+import sys, time, torch
+from torch_rtindex import ChunkedIndex
+d, states = sys.argv[1], {}
+for pair in sys.argv[2].split(","):
+    n, c = pair.split(":")
+    states[int(n)] = int(c)
+import os
+open(d + ".ready", "w").close()
+seen, deadline = set(), time.time() + 60
+while time.time() < deadline:
+    done = os.path.exists(d + ".done")  # one more full read after the writer finished
+    try:
+        index = ChunkedIndex.open(d, device="cpu", gpu_budget=0)
+        count = index.lookup(torch.tensor([42])).count.item()
+        rows = index.range(torch.tensor([-2**63]), torch.tensor([2**63 - 1])).rows.numel()
+    except FileNotFoundError:
+        continue  # the generation this reader opened was removed meanwhile (saved over twice): open again
+    except ValueError as e:
+        if "no readable" in str(e):
+            continue
+        raise
+    assert len(index) in states and states[len(index)] == count and rows == len(index), (len(index), count, rows)
+    seen.add(index._chunks[0].file["path"])
+    if done:
+        break
+print("generations seen", len(seen))
+assert seen
+"""
+
+
+def test_a_reader_process_sees_old_or_new_state_never_a_mix(tmp_path, gen):
+    keys = int64_keys("uniform", 1500, gen)
+    index = chunked(keys, "cpu")
+    d = tmp_path / "idx"
+    index.save(d)
+    n0, c0 = len(index), int((keys == 42).sum())
+    proc = subprocess.Popen([sys.executable, "-c", READER, str(d), f"{n0}:{c0},{n0 + 2}:{c0 + 2}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    ready = Path(str(d) + ".ready")
+    for _ in range(600):
+        if ready.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    for i in range(30):  # alternate two states while the reader opens and reads
+        if i % 2 == 0:
+            added = index.insert(torch.tensor([42, 42])).rows
+        else:
+            assert index.delete(torch.tensor([42, 42]), rows=added).deleted == 2
+        index.save(d)
+        if proc.poll() is not None:
+            break
+    Path(str(d) + ".done").touch()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    print(out)
