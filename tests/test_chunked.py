@@ -346,6 +346,24 @@ def test_aggregate_values_after_updates():
     assert agg.count.tolist() == [3, 1] and agg.sum.tolist() == [12.0, 1.0]
 
 
+def test_aggregates_summed_from_rows_when_values_sit_on_another_device(gen, monkeypatch):
+    """A queue answered on one device with the values on the other (the CPU worker, values on CUDA) is summed
+    from its rows on the values' device; forced here on the CPU by telling _answer it serves elsewhere."""
+    keys = int64_keys("duplicates", 1500, gen)
+    index = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
+    q = point_queries(keys, 400, gen)
+    lo, hi = range_queries(keys, 200, gen, 2**40)
+    values = torch.randn(keys.numel(), dtype=torch.float64, generator=gen)
+    want, want_r = index.aggregate(q, values), index.range_aggregate(lo, hi, values)
+    original = ChunkedIndex._answer
+    monkeypatch.setattr(ChunkedIndex, "_answer", lambda self, view, batch, a, b, S: original(
+        self, view, batch, a, b, torch.device("meta") if batch.form == "aggregate" else S))
+    got, got_r = index.aggregate(q, values), index.range_aggregate(lo, hi, values)
+    assert torch.equal(got.count, want.count) and torch.equal(got_r.count, want_r.count)
+    torch.testing.assert_close(got.sum, want.sum)
+    torch.testing.assert_close(got_r.sum, want_r.sum)
+
+
 def test_failed_updates_change_nothing(gen):
     keys = int64_keys("uniform", 2000, gen)
     index = chunked(keys, "cpu")

@@ -1031,6 +1031,7 @@ class ChunkedIndex:
         ci, cd = self._chunk_of(ik), self._chunk_of(dk)
         touched = torch.unique(torch.cat([ci, cd])).tolist()
         T = self._chunk_keys()
+        W = self._work_device(ik)  # chunks are rebuilt where the build sorts (the GPU where there is one)
         removed = absent = 0
         replace: dict[int, list[_Chunk]] = {}
         for c in touched:
@@ -1048,7 +1049,9 @@ class ChunkedIndex:
                 removed, absent = removed + r_rm, absent + r_abs
             keep = ~gone
             allk, allr = allk[keep], allr[keep]
-            replace[c] = self._rebuilt(chunk, allk, allr, T, c == 0)
+            replace[c] = self._rebuilt(chunk, allk.to(W), allr.to(W), T, c == 0)
+        if W.type == "cuda":
+            torch.cuda.current_stream(W).synchronize()  # the new blobs were copied out asynchronously
         self._maybe_fault("commit")
         # ---- commit: nothing above changed the index
         new_chunks: list[_Chunk] = []
