@@ -93,6 +93,7 @@ def test_both_processors_share_a_batch(gen):
     q = keys[torch.randint(0, keys.numel(), (3000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     for _ in range(3):
+        index._cpu_rate = 1e15  # as if the CPU were fast: it takes queues from the small end while the GPU copies
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     s = index.stats()
@@ -214,6 +215,11 @@ def test_scheduler_rules():
     assert s.claim("gpu") is big and s.claim("gpu") is mid  # then the GPU copies chunks in for queues >= critical mass
     assert s.claim("gpu") is None  # what is left is below the critical mass or does not fit: the CPU's
     assert s.claim("cpu") is huge_chunk and s.claim("cpu") is None
+    # A slow CPU leaves a GPU-sized queue alone when the GPU would be done with the other copies sooner.
+    slow = _Scheduler([task(30, False), task(40, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
+                      copy_rate=1.0)
+    assert slow.claim("cpu") is None and slow.claim("gpu").size == 40 and slow.claim("cpu") is None
+    assert slow.claim("gpu").size == 30
     only_gpu = _Scheduler([task(1, False), task(5, True)], gpu=True, cpu=False, critical_mass=100)
     assert only_gpu.claim("gpu").size == 5 and only_gpu.claim("gpu").size == 1
 
@@ -409,7 +415,8 @@ def test_a_failing_lookup_batch_leaves_the_index_usable(gen):
     index = chunked(keys, "cpu", critical_mass=50)
     q = keys[torch.randint(0, keys.numel(), (2000,), generator=gen)]
     want = index.lookup(q)
-    for stage in ("cpu_task", "gpu_task"):
+    for stage, critical_mass in (("cpu_task", 10**9), ("gpu_task", 1)):  # every queue to the CPU; to the GPU
+        index.critical_mass = critical_mass
         index._fault = lambda s, stage=stage: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")) if s == stage else None
         with pytest.raises(torch.OutOfMemoryError):
             index.lookup(q)

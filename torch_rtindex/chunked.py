@@ -17,7 +17,8 @@ queue when it is ready (the paper's on-demand scheme):
   overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight;
 - the CPU (a worker thread; torch operators release the GIL) takes the smallest queues whose chunk is not in the
   cache and answers them from the host copy with the CPU kernels. It never takes a queue the GPU holds the chunk
-  for. GPU (largest first) and CPU (smallest first) meet in the middle of the list, so neither waits for the other.
+  for, and a queue of at least the critical mass only if it would finish it before the GPU is done copying the
+  other chunks in. GPU (largest first) and CPU (smallest first) meet in the middle of the list.
 
 The critical mass (``critical_mass``; ``None``: automatic) is the queue size at which copying the chunk in
 (chunk bytes / copy rate) costs as much as answering the queue on the CPU (size / CPU lookup rate), with both
@@ -287,6 +288,8 @@ class _Scheduler:
     gpu: bool
     cpu: bool
     critical_mass: int
+    cpu_rate: float = float("inf")  # queries/s of the CPU side (measured)
+    copy_rate: float = 1.0  # bytes/s into the cache (measured)
     lock: threading.Lock = field(default_factory=threading.Lock)
     abort: bool = False
 
@@ -306,6 +309,12 @@ class _Scheduler:
             else:
                 pool = [t for t in self.tasks if not (self.gpu and t.resident and t.fits)]
                 best = min(pool, key=lambda t: t.size, default=None)
+                if best is not None and self.gpu and best.fits and best.size >= self.critical_mass:
+                    # A queue the GPU would copy in: take it only if the CPU finishes it before the GPU would
+                    # be done with the other copies anyway (else the batch waits for the CPU).
+                    gpu_left = sum(t.chunk.nbytes for t in self.tasks if t is not best and t.fits and not t.resident)
+                    if best.size / self.cpu_rate > gpu_left / self.copy_rate:
+                        best = None
             if best is not None:
                 self.tasks.remove(best)
                 best.proc = proc
@@ -778,7 +787,7 @@ class ChunkedIndex:
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
         cm = self._critical_mass()
-        sched = _Scheduler(list(tasks), gpu_on, cpu_on, cm)
+        sched = _Scheduler(list(tasks), gpu_on, cpu_on, cm, self._cpu_rate, self._copy_rate)
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
         if tasks:
             if gpu_on and cpu_on:
