@@ -200,6 +200,7 @@ def main() -> None:
                     "copy_floor_ms": floor_ms, "x_floor": ms / floor_ms if floor_ms else None,
                     "x_in_core": ms / in_ms if in_ms else None, "checked": check(res, ref_res),
                     "gpu_share": st["queries_gpu"] / max(1, st["pieces"]),
+                    "hot_share": st["hot_hits"] / max(1, st["queries"]),
                     "bytes_copied_per_batch": st["bytes_copied"] / runs_total,
                     "chunk_hits": st["chunk_hits"], "chunk_misses": st["chunk_misses"], "evictions": st["evictions"],
                     "critical_mass": st["critical_mass"], "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"],
@@ -208,22 +209,23 @@ def main() -> None:
                 result["runs"].append(run)
                 rows.append(run)
                 print(f"{mode:9s} {dist:9s} 2^{log_m}: {ms:9.2f} ms  {run['glookups_s']:7.3f} G/s  floor "
-                      f"{floor_ms:8.2f} ms  gpu share {run['gpu_share']:.2f}  copied/batch "
+                      f"{floor_ms:8.2f} ms  hot {run['hot_share']:.2f}  gpu share {run['gpu_share']:.2f}  copied/batch "
                       f"{run['bytes_copied_per_batch'] / 2**30:.2f} GiB  checked {run['checked']}", flush=True)
             index.processors = "auto"
             del q, pos
     # ---- table
     print()
     print(f"{'mode':9s} {'dist':9s} {'lookups':>8s} {'ms':>10s} {'G/s':>8s} {'floor ms':>10s} {'x floor':>8s} "
-          f"{'x in-core':>9s} {'gpu share':>9s} ok")
+          f"{'x in-core':>9s} {'hot':>5s} {'gpu share':>9s} ok")
     for r in rows:
         xf = f"{r['x_floor']:.2f}" if r.get("x_floor") else "-"
         xi = f"{r['x_in_core']:.2f}" if r.get("x_in_core") else "-"
         gs = f"{r['gpu_share']:.2f}" if "gpu_share" in r else "-"
+        hs = f"{r['hot_share']:.2f}" if "hot_share" in r else "-"
         fl = f"{r['copy_floor_ms']:.2f}" if "copy_floor_ms" in r else "-"
         gl = f"{(1 << r['log_lookups']) / r['ms'] / 1e6:.3f}"
         print(f"{r['mode']:9s} {r['dist']:9s} {'2^' + str(r['log_lookups']):>8s} {r['ms']:10.2f} {gl:>8s} {fl:>10s} "
-              f"{xf:>8s} {xi:>9s} {gs:>9s} {r['checked']}")
+              f"{xf:>8s} {xi:>9s} {hs:>5s} {gs:>9s} {r['checked']}")
     if args.out:
         import json
         from pathlib import Path

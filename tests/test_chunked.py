@@ -153,7 +153,7 @@ def test_budgets(gen):
     keys = int64_keys("uniform", 2000, gen)
     with pytest.raises(ValueError, match="holds no chunk"):
         ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=1000)
-    index = ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=1 << 30, processors="gpu")
+    index = ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=1 << 30, processors="gpu", hot_keys=0)
     q = keys[:500]
     index.lookup(q)
     index.reset_stats()
@@ -166,6 +166,37 @@ def test_budgets(gen):
     with pytest.raises(ValueError, match="gpu_budget > 0"):
         host_only.processors = "gpu"
         host_only.lookup(q)
+
+
+def test_hot_key_tier(gen):
+    keys = int64_keys("duplicates", 3000, gen)
+    index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget, 2048 keys
+    assert index.hot_capacity == 2048
+    cg = CgRXIndex(keys)
+    hot = keys[torch.randint(0, keys.numel(), (40,), generator=gen)]
+    for step in range(4):
+        q = torch.cat([hot.repeat(20), point_queries(keys, 300, gen)])
+        q = q[torch.randperm(q.numel(), generator=gen)]
+        got, want = index.lookup(q), cg.lookup(q)
+        assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count), step
+    s = index.stats()
+    assert s["hot_hits"] > 3 * 800 and s["queries"] == 4 * 1100 and s["pieces"] < s["queries"] - s["hot_hits"] + 1
+    assert 0 < index.memory()["hot"] <= 2048 * 32
+    # an update clears the tier: a hot key's new copy is counted at once
+    k = hot[:1]
+    before = index.lookup(k).count.item()
+    index.insert(k)
+    assert index.lookup(k).count.item() == before + 1 and index.lookup(k).count.item() == before + 1
+    small = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=10)
+    for _ in range(3):
+        small.lookup(torch.cat([hot.repeat(5), keys[:500]]))
+    assert small.memory()["hot"] <= 10 * 32
+    off = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
+    off.lookup(hot)
+    off.lookup(hot)
+    assert off.stats()["hot_hits"] == 0 and off.memory()["hot"] == 0
+    with pytest.raises(ValueError, match="hot_keys=40000 takes"):
+        chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=40000)
 
 
 def test_splitter_range_build_equals_one_sort(gen, monkeypatch):

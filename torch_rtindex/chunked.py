@@ -35,6 +35,11 @@ fall only between distinct keys, so every key's rows live in one chunk (a point 
 of equal keys longer than a chunk makes one larger chunk. Row IDs are int64 positions: more than 2^32 keys are
 fine, as long as no chunk holds 2^32 keys or more.
 
+**Hot keys**: point lookups (:meth:`ChunkedIndex.lookup`) first consult a small tier of the hottest keys' answers
+(learned from a sample of every batch, scores decayed per batch, the best ``hot_keys`` kept), on the queries'
+device; only the other queries go through the chunks. Skewed lookups of hashed IDs touch every chunk, so a
+key-range cache alone cannot serve them from the GPU; this tier can, for the hot part.
+
 **Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
 insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
 the chunk size is split, an emptied chunk is dropped, and the new chunks replace the old ones all at once only
@@ -79,6 +84,9 @@ _VERSION = 1
 _DTYPES = {"int32": torch.int32, "int64": torch.int64}
 PROCESSORS = ("auto", "gpu", "cpu")
 EVICTIONS = ("demand", "lru")
+HOT_BYTES_PER_KEY = 32  # the hot-key tier: key, first row, count (8 bytes each) and a score, plus slack
+HOT_MAX_KEYS = 1 << 24
+HOT_DECAY = 0.5  # a hot key's score halves every batch it is not seen in
 
 
 def _align(n: int) -> int:
@@ -347,6 +355,12 @@ class ChunkedIndex:
             ``None`` (default): measured (module doc). An attribute.
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
+        hot_keys: capacity of the hot-key tier, which answers point lookups (:meth:`lookup`) of the keys seen
+            most often in past batches on the queries' device without touching a chunk: what a key-range cache
+            cannot do for skewed lookups of hashed IDs, whose hot keys are spread over every chunk. ``None``
+            (default): a sixteenth of ``gpu_budget`` (32 bytes per key, at most 2^24 keys), taken from the chunk
+            cache, if the rest still holds two chunks; 0: off. Cleared by every update.
+        hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
         progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
             ``None``: when stderr is a terminal.
 
@@ -377,6 +391,8 @@ class ChunkedIndex:
         critical_mass: int | None = None,
         eviction: str = "demand",
         pipeline_depth: int = 2,
+        hot_keys: int | None = None,
+        hot_sample: int = 1 << 20,
         progress: bool | None = None,
     ) -> None:
         if not isinstance(keys, torch.Tensor):
@@ -384,18 +400,18 @@ class ChunkedIndex:
         self._configure(key_type=resolve_key_type(keys, key_type), key_dtype=keys.dtype, chunk_bytes=chunk_bytes,
                         gpu_budget=gpu_budget, device=device, bucket_size=bucket_size, layout=layout,
                         backend=backend, processors=processors, critical_mass=critical_mass, eviction=eviction,
-                        pipeline_depth=pipeline_depth)
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
         check_key_tensor(keys, "keys", dtype=self.key_dtype, device=keys.device)
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
             raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
         t0 = time.perf_counter()
         self._build(keys, progress)
         self._stats["time_s"]["build"] = time.perf_counter() - t0
-        self._check_budget()
+        self._setup_tiers()
 
     # ------------------------------------------------------------------------------------------ configuration
     def _configure(self, *, key_type, key_dtype, chunk_bytes, gpu_budget, device, bucket_size, layout, backend,
-                   processors, critical_mass, eviction, pipeline_depth) -> None:
+                   processors, critical_mass, eviction, pipeline_depth, hot_keys, hot_sample) -> None:
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
             raise ValueError(f"chunk_bytes must be an integer of at least 1024, got {chunk_bytes!r}")
         if not isinstance(bucket_size, int) or not 1 <= bucket_size <= 2**16:
@@ -411,6 +427,10 @@ class ChunkedIndex:
             raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
         if not isinstance(pipeline_depth, int) or pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be a positive integer, got {pipeline_depth!r}")
+        if hot_keys is not None and (isinstance(hot_keys, bool) or not isinstance(hot_keys, int) or hot_keys < 0):
+            raise ValueError(f"hot_keys must be None (automatic) or a non-negative integer, got {hot_keys!r}")
+        if isinstance(hot_sample, bool) or not isinstance(hot_sample, int) or hot_sample < 1:
+            raise ValueError(f"hot_sample must be a positive integer, got {hot_sample!r}")
         dev = resolve_device(device if device is not None else ("cuda" if _cuda_ok() else "cpu"))
         if dev.type == "cuda" and not _cuda_ok():
             raise ValueError("device='cuda' but CUDA is not available; pass device='cpu'")
@@ -426,7 +446,10 @@ class ChunkedIndex:
         self.processors = processors
         self.critical_mass = critical_mass
         self.pipeline_depth = pipeline_depth
-        self._cache = ChunkCache(gpu_budget, dev, eviction) if gpu_budget > 0 else None
+        self._eviction, self._hot_request, self.hot_sample = eviction, hot_keys, hot_sample
+        self._cache: ChunkCache | None = None  # made by _setup_tiers, once the chunk sizes are known
+        self.hot_capacity = 0
+        self._hot: tuple[torch.Tensor, ...] | None = None
         self._pin = _cuda_ok()
         self._set_chunks([])
         self._n = 0
@@ -439,16 +462,29 @@ class ChunkedIndex:
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
-    def _check_budget(self) -> None:
-        if self._cache is None:
-            return
-        largest = max(c.nbytes for c in self._chunks)
-        if _align(largest) > self.gpu_budget:
+    def _setup_tiers(self) -> None:
+        """Splits gpu_budget between the hot-key tier and the chunk cache, now that the chunk sizes are known."""
+        largest = _align(max(c.nbytes for c in self._chunks))
+        budget = self.gpu_budget
+        if budget and largest > budget:
             raise ValueError(
-                f"gpu_budget={self.gpu_budget} bytes holds no chunk: the largest chunk takes {_align(largest)} bytes; "
+                f"gpu_budget={budget} bytes holds no chunk: the largest chunk takes {largest} bytes; "
                 "raise gpu_budget, lower chunk_bytes (a run of equal keys always stays in one chunk), or pass "
                 "gpu_budget=0 to serve from host memory only"
             )
+        cap = self._hot_request
+        if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
+            cap = min(HOT_MAX_KEYS, budget // 16 // HOT_BYTES_PER_KEY)
+            if budget - cap * HOT_BYTES_PER_KEY < 2 * largest:
+                cap = 0
+        elif budget and budget - cap * HOT_BYTES_PER_KEY < largest:
+            raise ValueError(
+                f"hot_keys={cap} takes {cap * HOT_BYTES_PER_KEY} bytes of gpu_budget={budget}, and the rest holds no "
+                f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
+            )
+        self.hot_capacity, self._hot = cap, None
+        arena = budget - cap * HOT_BYTES_PER_KEY if budget else 0
+        self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
     def _bytes_per_key(self) -> float:
         pair = 16 if self.layout == "aligned_row" else 12
@@ -741,10 +777,71 @@ class ChunkedIndex:
         D = qlo.device
         if values is not None:
             values = self._check_values(values, D)
+        if form == "lookup" and qhi is None and self.hot_capacity and qlo.numel():
+            out = self._lookup_hot(qlo, D)
+        else:
+            out = self._serve(form, qlo, qhi, values, D)
+        self._count("queries", qlo.numel())
+        self._stats["time_s"]["total"] += time.perf_counter() - t_start
+        return out
+
+    def _lookup_hot(self, qlo: torch.Tensor, D: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point lookups through the hot-key tier: the answers of the hottest keys seen so far, kept on the
+        queries' device; the other queries go through the chunks. Then the tier learns from this batch."""
+        hot = self._hot
+        if hot is not None and hot[0].device != D:
+            hot = self._hot = tuple(t.to(D) for t in hot)
+        if hot is None:
+            first, count = self._serve("lookup", qlo, None, None, D)
+        else:
+            hk, hf, hc, _ = hot
+            qf = qlo ^ TOP
+            pos = torch.searchsorted(hk, qf).clamp(max=hk.numel() - 1)
+            hit = hk.index_select(0, pos) == qf
+            first = torch.where(hit, hf.index_select(0, pos), -1)
+            count = torch.where(hit, hc.index_select(0, pos), 0)
+            rest = torch.nonzero(~hit).reshape(-1)
+            if rest.numel():
+                rf, rc = self._serve("lookup", qlo.index_select(0, rest), None, None, D)
+                first.index_copy_(0, rest, rf)
+                count.index_copy_(0, rest, rc)
+            self._count("hot_hits", qlo.numel() - rest.numel())
+        t0 = time.perf_counter()
+        self._learn_hot(qlo, first, count)
+        self._stats["time_s"]["hot"] += time.perf_counter() - t0
+        return first, count
+
+    def _learn_hot(self, qlo: torch.Tensor, first: torch.Tensor, count: torch.Tensor) -> None:
+        """Scores the keys of a sample of the batch (their share of it), adds them to the tier's decayed scores
+        and keeps the hot_capacity best-scored keys with their answers (sorted by key, for the search)."""
+        D, q = qlo.device, qlo.numel()
+        S = min(q, self.hot_sample)
+        idx = torch.randint(0, q, (S,), device=D) if S < q else torch.arange(q, device=D)
+        keys, inverse, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_inverse=True, return_counts=True)
+        at = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(0, inverse, idx)  # a query of each key
+        f, c, score = first.index_select(0, at), count.index_select(0, at), seen.to(torch.float32) / S
+        if self._hot is not None:
+            hk, hf, hc, hs = self._hot
+            allk = torch.cat([hk, keys])
+            keys, inverse = torch.unique(allk, return_inverse=True)
+            score = torch.zeros(keys.numel(), dtype=torch.float32, device=D).index_add_(
+                0, inverse, torch.cat([hs * HOT_DECAY, score]))
+            pick = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(
+                0, inverse, torch.arange(allk.numel(), device=D))  # any entry of a key: they hold equal answers
+            f, c = torch.cat([hf, f]).index_select(0, pick), torch.cat([hc, c]).index_select(0, pick)
+        if keys.numel() > self.hot_capacity:
+            top = torch.topk(score, self.hot_capacity, sorted=False).indices.sort().values  # keys stay sorted
+            keys, f, c, score = keys[top], f[top], c[top], score[top]
+        self._hot = (keys, f, c, score)
+
+    def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
+               D: torch.device):
+        """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge."""
+        t_start = time.perf_counter()
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
         # ---- partition: one piece per (query, chunk it needs), in query-major order, then grouped by chunk
-        if hi is None:
+        if qhi is None:
             piece_q = None
             pchunk = self._chunk_of(qlo)
             P = q
@@ -814,11 +911,9 @@ class ChunkedIndex:
         for chunk, c in zip(self._chunks, counts):
             chunk.heat = 0.5 * chunk.heat + c
         st["batches"] += 1
-        st["queries"] += q
         st["pieces"] += P
         st["critical_mass"] = cm
         self._learn_rates(batch)
-        tm["total"] += time.perf_counter() - t_start
         return out
 
     def _cpu_loop(self, sched: _Scheduler, batch: "_Batch", error: list | None) -> None:
@@ -1081,6 +1176,7 @@ class ChunkedIndex:
             self._next_row = max(self._next_row, int(ir.max()) + 1)
         if n_ins or removed:
             self._rows_are_positions = False
+        self._hot = None  # its answers may be stale now
         self._check_budget_after_update()
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=ir)
 
@@ -1099,10 +1195,10 @@ class ChunkedIndex:
         return out
 
     def _check_budget_after_update(self) -> None:
-        if self._cache is not None and max(c.nbytes for c in self._chunks) > self.gpu_budget:
+        if self._cache is not None and max(_align(c.nbytes) for c in self._chunks) > self._cache.budget:
             # A run of equal keys outgrew the budget: its queues are answered by the CPU (never an error here, the
             # update is done); say so once.
-            self._stats["oversized_chunks"] = sum(_align(c.nbytes) > self.gpu_budget for c in self._chunks)
+            self._stats["oversized_chunks"] = sum(_align(c.nbytes) > self._cache.budget for c in self._chunks)
 
     def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
         """Inserts keys (row IDs given, or the next free ones)."""
@@ -1165,7 +1261,8 @@ class ChunkedIndex:
     @classmethod
     def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
              device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,
-             eviction: str = "demand", pipeline_depth: int = 2) -> "ChunkedIndex":
+             eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
+             hot_sample: int = 1 << 20) -> "ChunkedIndex":
         """The index saved in ``directory`` (its current generation), without a rebuild: chunk files are read
         lazily, on first use, and checked then (size and CRC-32)."""
         directory = os.fspath(directory)
@@ -1182,14 +1279,14 @@ class ChunkedIndex:
         self._configure(key_type=m["key_type"], key_dtype=getattr(torch, m["key_dtype"]), chunk_bytes=m["chunk_bytes"],
                         gpu_budget=gpu_budget, device=device, bucket_size=m["bucket_size"], layout=m["layout"],
                         backend=m["backend"], processors=processors, critical_mass=critical_mass, eviction=eviction,
-                        pipeline_depth=pipeline_depth)
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
         chunks = []
         for e in m["chunks"]:
             file = {"path": os.path.join(directory, e["file"]), "size": e["size"], "crc32": e["crc32"]}
             chunks.append(_Chunk(e["lo"], e["n"], e["base"], e["kmin"], e["kmax"], e["specs"], e["size"], None, file))
         self._set_chunks(chunks)
         self._n, self._next_row, self._rows_are_positions = m["n"], m["next_row"], m["rows_are_positions"]
-        self._check_budget()
+        self._setup_tiers()
         return self
 
     # -------------------------------------------------------------------------------------------- reporting
@@ -1198,11 +1295,11 @@ class ChunkedIndex:
         self._stats_lock = threading.Lock()
         old = getattr(self, "_stats", {}).get("time_s", {}).get("build")
         self._stats = {
-            "batches": 0, "queries": 0, "pieces": 0, "queries_gpu": 0, "queries_cpu": 0, "chunk_hits": 0,
+            "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "queries_gpu": 0, "queries_cpu": 0, "chunk_hits": 0,
             "chunk_misses": 0, "evictions": 0, "bytes_copied": 0, "disk_loads": 0, "bytes_loaded": 0,
             "critical_mass": None, "cpu_rate": None, "copy_rate": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
-                       "load": 0.0, "total": 0.0},
+                       "load": 0.0, "hot": 0.0, "total": 0.0},
         }
         if old is not None:
             self._stats["time_s"]["build"] = old
@@ -1224,11 +1321,13 @@ class ChunkedIndex:
         return s
 
     def memory(self) -> dict[str, int]:
-        """Bytes: the chunks' host blobs loaded so far, all chunks, and the cache's reservation on ``device``."""
+        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's reservation on ``device``
+        and the hot-key tier."""
         return {
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
-            "cache": 0 if self._cache is None or self._cache.arena.buf is None else self.gpu_budget,
+            "cache": 0 if self._cache is None or self._cache.arena.buf is None else self._cache.budget,
+            "hot": 0 if self._hot is None else sum(t.nbytes for t in self._hot),
         }
 
     def chunk_info(self) -> list[dict[str, Any]]:
