@@ -129,8 +129,10 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(dev) - base_mem) if cuda else None
     index_bytes = index.memory()["chunks"]
+    hot_capacity = index.hot_capacity
     result["build"] = {"seconds": build_s, "peak_gpu_bytes": peak, "gpu_budget": budget, "index_bytes": index_bytes,
-                       "chunks": index.num_chunks, "budget_over_index": budget / index_bytes}
+                       "chunks": index.num_chunks, "budget_over_index": budget / index_bytes,
+                       "hot_keys": hot_capacity}
     print(f"build: {build_s:.1f} s, {index.num_chunks} chunks, index {index_bytes / 2**30:.2f} GiB, budget "
           f"{budget / 2**30:.2f} GiB ({budget / index_bytes:.2f}x), peak GPU memory of the build "
           f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'}", flush=True)
@@ -184,12 +186,18 @@ def main() -> None:
                 run = {"mode": "in_core", "dist": dist, "log_lookups": log_m, "ms": in_ms, "checked": check(ref_res)}
                 result["runs"].append(run)
                 rows.append(run)
-            for mode, procs in (("chunked", "auto"), ("gpu_only", "gpu"), ("cpu_only", "cpu")):
+            # chunked: GPU and CPU with the hot-key tier; no_hot: the chunks alone (skewed batches only);
+            # gpu_only / cpu_only: one side serving (cpu_only without the hot tier, which lives on the GPU)
+            modes = [("chunked", "auto", True)] + ([("no_hot", "auto", False)] if s else [])
+            modes += [("gpu_only", "gpu", True), ("cpu_only", "cpu", False)]
+            for mode, procs, hot in modes:
                 if mode == "cpu_only" and log_m > args.cpu_max_log_lookups:
                     run = {"mode": mode, "dist": dist, "log_lookups": log_m, "skipped": f"batch > 2^{args.cpu_max_log_lookups}"}
                     result["runs"].append(run)
                     continue
                 index.processors = procs
+                index.hot_capacity = hot_capacity if hot else 0
+                index._hot = None  # every mode learns its hot keys from its own warm-up batch
                 index.reset_stats()
                 reps = args.repeats if mode != "cpu_only" else max(1, min(args.repeats, 2))
                 ms, res = run_timed(lambda: index.lookup(q), dev, reps)
@@ -211,7 +219,7 @@ def main() -> None:
                 print(f"{mode:9s} {dist:9s} 2^{log_m}: {ms:9.2f} ms  {run['glookups_s']:7.3f} G/s  floor "
                       f"{floor_ms:8.2f} ms  hot {run['hot_share']:.2f}  gpu share {run['gpu_share']:.2f}  copied/batch "
                       f"{run['bytes_copied_per_batch'] / 2**30:.2f} GiB  checked {run['checked']}", flush=True)
-            index.processors = "auto"
+            index.processors, index.hot_capacity = "auto", hot_capacity
             del q, pos
     # ---- table
     print()
