@@ -725,7 +725,8 @@ class ChunkedIndex:
         return values.contiguous()
 
     def lookup(self, queries: torch.Tensor) -> Lookup:
-        """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count."""
+        """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count. The hot-key
+        tier answers the hottest keys; the other queries go through the chunks."""
         return Lookup(*self._run("lookup", queries, None))
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
@@ -1153,7 +1154,7 @@ class ChunkedIndex:
                 removed, absent = removed + r_rm, absent + r_abs
             keep = ~gone
             allk, allr = allk[keep], allr[keep]
-            replace[c] = self._rebuilt(chunk, allk.to(W), allr.to(W), T, c == 0)
+            replace[c] = self._rebuilt(chunk, allk.to(W), allr.to(W), T)
         if W.type == "cuda":
             torch.cuda.current_stream(W).synchronize()  # the new blobs were copied out asynchronously
         self._maybe_fault("commit")
@@ -1178,9 +1179,10 @@ class ChunkedIndex:
             self._rows_are_positions = False
         self._hot = None  # its answers may be stale now
         self._check_budget_after_update()
-        return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=ir)
+        rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
+        return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=rows_out)
 
-    def _rebuilt(self, chunk: _Chunk, keys: torch.Tensor, rows: torch.Tensor, T: int, first: bool) -> list[_Chunk]:
+    def _rebuilt(self, chunk: _Chunk, keys: torch.Tensor, rows: torch.Tensor, T: int) -> list[_Chunk]:
         """The chunk (range start kept) over new pairs, split into chunks of about T keys (between distinct
         keys) when it holds more than 2T."""
         if keys.numel() <= 2 * T:
