@@ -197,7 +197,7 @@ def main() -> None:
                     continue
                 index.processors = procs
                 index.hot_capacity = hot_capacity if hot else 0
-                index._hot = None  # every mode learns its hot keys from its own warm-up batch
+                index._hot, index._hot_skip = None, 0  # every mode learns its hot keys from its own warm-up batch
                 index.reset_stats()
                 reps = args.repeats if mode != "cpu_only" else max(1, min(args.repeats, 2))
                 ms, res = run_timed(lambda: index.lookup(q), dev, reps)

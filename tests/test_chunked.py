@@ -191,6 +191,12 @@ def test_hot_key_tier(gen):
     for _ in range(3):
         small.lookup(torch.cat([hot.repeat(5), keys[:500]]))
     assert small.memory()["hot"] <= 10 * 32
+    distinct = int64_keys("uniform", 1000, gen)
+    useless = chunked(distinct, "cpu", gpu_budget=1 << 20, hot_keys=20)
+    for i in range(3):  # distinct keys only: a full tier answering nothing is paused
+        got = useless.lookup(distinct[i * 300 : (i + 1) * 300])
+        assert got.first_row.tolist() == list(range(i * 300, (i + 1) * 300))
+    assert useless._hot_skip > 0
     off = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
     off.lookup(hot)
     off.lookup(hot)

@@ -87,6 +87,7 @@ EVICTIONS = ("demand", "lru")
 HOT_BYTES_PER_KEY = 32  # the hot-key tier: key, first row, count (8 bytes each) and a score, plus slack
 HOT_MAX_KEYS = 1 << 24
 HOT_DECAY = 0.5  # a hot key's score halves every batch it is not seen in
+HOT_USEFUL, HOT_PAUSE = 0.01, 8  # a full tier answering under 1% of a batch is skipped for the next 8 batches
 
 
 def _align(n: int) -> int:
@@ -450,6 +451,7 @@ class ChunkedIndex:
         self._cache: ChunkCache | None = None  # made by _setup_tiers, once the chunk sizes are known
         self.hot_capacity = 0
         self._hot: tuple[torch.Tensor, ...] | None = None
+        self._hot_skip = 0  # point-lookup batches left that skip the hot tier (it answered too little)
         self._pin = _cuda_ok()
         self._set_chunks([])
         self._n = 0
@@ -482,7 +484,7 @@ class ChunkedIndex:
                 f"hot_keys={cap} takes {cap * HOT_BYTES_PER_KEY} bytes of gpu_budget={budget}, and the rest holds no "
                 f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
             )
-        self.hot_capacity, self._hot = cap, None
+        self.hot_capacity, self._hot, self._hot_skip = cap, None, 0
         arena = budget - cap * HOT_BYTES_PER_KEY if budget else 0
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
@@ -778,9 +780,10 @@ class ChunkedIndex:
         D = qlo.device
         if values is not None:
             values = self._check_values(values, D)
-        if form == "lookup" and qhi is None and self.hot_capacity and qlo.numel():
+        if form == "lookup" and qhi is None and self.hot_capacity and qlo.numel() and self._hot_skip == 0:
             out = self._lookup_hot(qlo, D)
         else:
+            self._hot_skip = max(0, self._hot_skip - 1) if form == "lookup" and qhi is None else self._hot_skip
             out = self._serve(form, qlo, qhi, values, D)
         self._count("queries", qlo.numel())
         self._stats["time_s"]["total"] += time.perf_counter() - t_start
@@ -806,7 +809,11 @@ class ChunkedIndex:
                 rf, rc = self._serve("lookup", qlo.index_select(0, rest), None, None, D)
                 first.index_copy_(0, rest, rf)
                 count.index_copy_(0, rest, rc)
-            self._count("hot_hits", qlo.numel() - rest.numel())
+            hits = qlo.numel() - rest.numel()
+            self._count("hot_hits", hits)
+            if hot[0].numel() >= self.hot_capacity and hits < HOT_USEFUL * qlo.numel():
+                # A full tier that answers almost nothing (no skew): stop paying for it for a while.
+                self._hot_skip = HOT_PAUSE
         t0 = time.perf_counter()
         self._learn_hot(qlo, first, count)
         self._stats["time_s"]["hot"] += time.perf_counter() - t0
@@ -831,7 +838,7 @@ class ChunkedIndex:
                 0, inverse, torch.arange(allk.numel(), device=D))  # any entry of a key: they hold equal answers
             f, c = torch.cat([hf, f]).index_select(0, pick), torch.cat([hc, c]).index_select(0, pick)
         if keys.numel() > self.hot_capacity:
-            top = torch.topk(score, self.hot_capacity, sorted=False).indices.sort().values  # keys stay sorted
+            top = torch.sort(score, descending=True).indices[: self.hot_capacity].sort().values  # keys stay sorted
             keys, f, c, score = keys[top], f[top], c[top], score[top]
         self._hot = (keys, f, c, score)
 
