@@ -628,3 +628,17 @@ def test_a_reader_process_sees_old_or_new_state_never_a_mix(tmp_path, gen):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, out + err
     print(out)
+
+
+def test_joins_take_a_chunked_index(gen):
+    """The joins are written against lookup_all / range / their capped forms: a ChunkedIndex plugs in."""
+    from torch_rtindex import join, join_capped, range_join
+
+    keys = int64_keys("duplicates", 1500, gen)
+    index, cg = chunked(keys, "cpu", gpu_budget=DUP_BUDGET), CgRXIndex(keys)
+    probe = point_queries(keys, 300, gen)
+    for how in ("inner", "left"):
+        assert all(torch.equal(a, b) for a, b in zip(join(index, probe, how), join(cg, probe, how)))
+    lo, hi = range_queries(keys, 100, gen, 2**40)
+    assert all(torch.equal(a, b) for a, b in zip(range_join(index, lo, hi), range_join(cg, lo, hi)))
+    assert all(torch.equal(a, b) for a, b in zip(join_capped(index, probe, 50), join_capped(cg, probe, 50)))
