@@ -642,3 +642,17 @@ def test_joins_take_a_chunked_index(gen):
     lo, hi = range_queries(keys, 100, gen, 2**40)
     assert all(torch.equal(a, b) for a, b in zip(range_join(index, lo, hi), range_join(cg, lo, hi)))
     assert all(torch.equal(a, b) for a, b in zip(join_capped(index, probe, 50), join_capped(cg, probe, 50)))
+
+
+def test_row_ids_past_2_31_and_2_32():
+    """A chunk's row map holds unsigned 32-bit offsets when its rows span < 2^32, int64 beyond."""
+    index = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
+    index.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
+    assert index._chunks[0].specs[-1][1] == "int32"
+    assert index.lookup_all(torch.tensor([5, 6])).rows.tolist() == [0, 3_000_000_000, 1, 2**31]
+    index.insert(torch.tensor([7]), rows=torch.tensor([2**40]))
+    assert index._chunks[0].specs[-1][1] == "int64"
+    assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 2**31, 2, 2**40]
+    values = torch.zeros(2**20, dtype=torch.int64)
+    with pytest.raises(ValueError, match="at least"):
+        index.aggregate(torch.tensor([5]), values)

@@ -146,12 +146,17 @@ class _View:
     """A chunk's structure on one device: the CgRX index over its local rows and the local -> global row map."""
 
     index: CgRXIndex
-    l2g: torch.Tensor  # int32 offsets from base, or int64 rows
+    l2g: torch.Tensor  # offsets from base: int32 holding unsigned 32-bit values, or int64
     base: int
 
     def global_rows(self, local: torch.Tensor) -> torch.Tensor:
         """Local row IDs (all valid) as global ones."""
-        return self.l2g.index_select(0, local).to(torch.int64) + self.base
+        return self._widen(self.l2g.index_select(0, local)) + self.base
+
+    @staticmethod
+    def _widen(offsets: torch.Tensor) -> torch.Tensor:
+        wide = offsets.to(torch.int64)
+        return wide & 0xFFFFFFFF if offsets.dtype == torch.int32 else wide
 
     def global_first(self, first: torch.Tensor) -> torch.Tensor:
         if self.l2g.numel() == 0:
@@ -159,7 +164,7 @@ class _View:
         return torch.where(first >= 0, self.global_rows(first.clamp(min=0)), first)
 
     def all_rows(self) -> torch.Tensor:
-        return self.l2g.to(torch.int64) + self.base
+        return self._widen(self.l2g) + self.base
 
 
 # ------------------------------------------------------------------------------------------------ the cache
@@ -568,11 +573,11 @@ class ChunkedIndex:
         bucket_start = torch.cumsum(per_bucket, 0) - per_bucket
         dest = bucket_start[None, :] + torch.cumsum(counts, 0) - counts  # [pieces, B]: where each piece's share goes
         hk = torch.empty(n, dtype=torch.int64)
-        hp = torch.empty(n, dtype=torch.int64)
+        hp = torch.empty(n, dtype=torch.int32 if n <= 2**31 else torch.int64)  # positions: 4 bytes where they fit
         for p, (a, o, bid) in enumerate(pieces()):
             by_bucket = torch.sort(bid, stable=True).indices
             ok = o.index_select(0, by_bucket).cpu()
-            op = (by_bucket + a).cpu()
+            op = (by_bucket + a).to(hp.dtype).cpu()
             src = 0
             for j, c in enumerate(counts[p].tolist()):
                 d = int(dest[p, j])
@@ -584,7 +589,7 @@ class ChunkedIndex:
             # Within a range the pairs are in position order (pieces in order, each grouped stably): a stable
             # sort by key gives (key, position) order.
             sf, perm = torch.sort(hk[a : a + c].to(W) ^ TOP, stable=True)
-            pos = hp[a : a + c].to(W).index_select(0, perm)
+            pos = hp[a : a + c].to(W).index_select(0, perm).to(torch.int64)
             bar.update(c)
             yield sf, pos, j == B - 1
 
@@ -618,8 +623,8 @@ class ChunkedIndex:
             kmin = kmax = None
             base = last = 0
         l2g = rows_sorted - base
-        if last - base < 2**31:
-            l2g = l2g.to(torch.int32)  # half the bytes to copy: rows of a chunk usually span < 2^31
+        if last - base < 2**32:
+            l2g = l2g.to(torch.int32)  # unsigned 32-bit offsets: half the bytes to copy (rows spanning < 2^32)
         if n >= 2**32 - 1:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
         blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
