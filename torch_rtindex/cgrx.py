@@ -219,10 +219,6 @@ class CgRXIndex(IndexBase):
         self._source, self._source_version = None, None
         return self
 
-    def _structure(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(pairs, reps, table): the tensors :meth:`_from_structure` takes (radix and binary_search backends)."""
-        return self._pairs, self._reps, self._table
-
     # ----------------------------------------------------------------------------------------- reporting
     def __len__(self) -> int:
         return self._n
