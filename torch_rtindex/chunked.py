@@ -464,8 +464,9 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s; replaced by measurements
-        self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s; likewise
+        self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
+        self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
+        self._measured = {"cpu": False, "copy": False}
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
@@ -1096,16 +1097,21 @@ class ChunkedIndex:
         return offsets, out_rows
 
     def _learn_rates(self, batch: "_Batch") -> None:
-        """Updates the measured CPU lookup rate and copy rate (the automatic critical mass)."""
+        """Updates the measured CPU lookup rate and copy rate (the automatic critical mass): the first
+        measurement replaces the guess, later ones are averaged in (half weight each batch)."""
         if batch.cpu_queries >= 1024 and batch.cpu_time > 0:
-            self._cpu_rate = 0.5 * self._cpu_rate + 0.5 * batch.cpu_queries / batch.cpu_time
+            rate = batch.cpu_queries / batch.cpu_time
+            self._cpu_rate = 0.5 * self._cpu_rate + 0.5 * rate if self._measured["cpu"] else rate
+            self._measured["cpu"] = True
         copied, seconds = batch.cpu_copy_bytes, batch.cpu_copy_time
         for start, end, nbytes in batch.copies:
             end.synchronize()
             copied += nbytes
             seconds += start.elapsed_time(end) / 1e3
         if copied >= 1 << 20 and seconds > 0:
-            self._copy_rate = 0.5 * self._copy_rate + 0.5 * copied / seconds
+            rate = copied / seconds
+            self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
+            self._measured["copy"] = True
         self._stats["time_s"]["copy"] += seconds
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
 
