@@ -257,6 +257,10 @@ def test_scheduler_rules():
                       copy_rate=1.0)
     assert slow.claim("cpu") is None and slow.claim("gpu").size == 40 and slow.claim("cpu") is None
     assert slow.claim("gpu").size == 30
+    # Only small queues left, but a CPU backlog longer than a copy: the GPU takes the largest of them.
+    backlog = _Scheduler([task(5, False), task(8, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
+                         copy_rate=1.0)
+    assert backlog.claim("gpu").size == 8 and backlog.claim("gpu").size == 5 and backlog.claim("gpu") is None
     only_gpu = _Scheduler([task(1, False), task(5, True)], gpu=True, cpu=False, critical_mass=100)
     assert only_gpu.claim("gpu").size == 5 and only_gpu.claim("gpu").size == 1
 

@@ -14,7 +14,8 @@ queue when it is ready (the paper's on-demand scheme):
 - the GPU (the calling thread) takes first the queues whose chunk is in the cache (largest first), then the
   largest queue of at least the **critical mass** among the others: it copies that chunk into the cache on a copy
   stream (waiting, on the GPU, only for the last lookup that read the space it reuses), so the copy of one chunk
-  overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight;
+  overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight. When only queues
+  below the critical mass are left, it takes the largest of them if the CPU's backlog would outlast its copy;
 - the CPU (a worker thread; torch operators release the GIL) takes the smallest queues whose chunk is not in the
   cache and answers them from the host copy with the CPU kernels. It never takes a queue the GPU holds the chunk
   for, and a queue of at least the critical mass only if it would finish it before the GPU is done copying the
@@ -319,6 +320,13 @@ class _Scheduler:
                 pool = [t for t in self.tasks if t.resident]
                 if not pool:
                     pool = [t for t in self.tasks if t.fits and (not self.cpu or t.size >= self.critical_mass)]
+                if not pool and self.cpu:
+                    # Only queues below the critical mass are left, the CPU's: the GPU still takes the largest
+                    # when the CPU's backlog would take longer than copying that chunk in.
+                    big = max((t for t in self.tasks if t.fits), key=lambda t: t.size, default=None)
+                    backlog = sum(t.size for t in self.tasks) / self.cpu_rate
+                    if big is not None and backlog > big.chunk.nbytes / self.copy_rate:
+                        pool = [big]
                 best = max(pool, key=lambda t: t.size, default=None)
             else:
                 pool = [t for t in self.tasks if not (self.gpu and t.resident and t.fits)]
