@@ -660,3 +660,23 @@ def test_row_ids_past_2_31_and_2_32():
     values = torch.zeros(2**20, dtype=torch.int64)
     with pytest.raises(ValueError, match="at least"):
         index.aggregate(torch.tensor([5]), values)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("processors", ["auto", "gpu", "cpu"])
+def test_cuda_index_with_cpu_queries_and_cpu_index_with_cuda_queries(gen, processors):
+    keys = int64_keys("uniform", 3000, gen)
+    cg = CgRXIndex(keys)
+    q = point_queries(keys, 500, gen)
+    lo, hi = range_queries(keys, 200, gen, 2**40)
+    values = torch.arange(keys.numel(), dtype=torch.float64)
+    for index_device, query_device in (("cuda", "cpu"), ("cpu", "cuda")):
+        index = chunked(keys, index_device, processors=processors)
+        for _ in range(2):
+            got = index.lookup(q.to(query_device))
+            assert got.first_row.device.type == query_device
+            assert torch.equal(got.first_row.cpu(), cg.lookup(q).first_row)
+            m = index.range(lo.to(query_device), hi.to(query_device))
+            assert torch.equal(m.rows.cpu(), cg.range(lo, hi).rows)
+            agg = index.range_aggregate(lo.to(query_device), hi.to(query_device), values.to(query_device))
+            torch.testing.assert_close(agg.sum.cpu(), cg.range_aggregate(lo, hi, values).sum)
