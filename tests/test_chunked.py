@@ -248,10 +248,10 @@ def test_scheduler_rules():
     big, mid, small, tiny, huge_chunk = task(100, False), task(40, False), task(10, False), task(2, False), task(70, False, False)
     s = _Scheduler([r_small, r_big, big, mid, small, tiny, huge_chunk], gpu=True, cpu=True, critical_mass=20)
     assert s.claim("gpu") is r_big and s.claim("gpu") is r_small  # resident first, largest first
-    assert s.claim("cpu") is tiny and s.claim("cpu") is small  # the CPU takes the smallest non-resident queues
-    assert s.claim("gpu") is big and s.claim("gpu") is mid  # then the GPU copies chunks in for queues >= critical mass
-    assert s.claim("gpu") is None  # what is left is below the critical mass or does not fit: the CPU's
-    assert s.claim("cpu") is huge_chunk and s.claim("cpu") is None
+    assert s.claim("cpu") is huge_chunk  # only the CPU can answer a chunk larger than the cache: first
+    assert s.claim("cpu") is tiny and s.claim("cpu") is small  # then the smallest non-resident queues
+    assert s.claim("gpu") is big and s.claim("gpu") is mid  # the GPU copies chunks in for queues >= critical mass
+    assert s.claim("gpu") is None and s.claim("cpu") is None
     # A slow CPU leaves a GPU-sized queue alone when the GPU would be done with the other copies sooner.
     slow = _Scheduler([task(30, False), task(40, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
                       copy_rate=1.0)
@@ -261,6 +261,10 @@ def test_scheduler_rules():
     backlog = _Scheduler([task(5, False), task(8, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
                          copy_rate=1.0)
     assert backlog.claim("gpu").size == 8 and backlog.claim("gpu").size == 5 and backlog.claim("gpu") is None
+    # A chunk larger than the cache is the CPU's even behind a GPU-sized queue it would not take.
+    mixed = _Scheduler([task(30, False), task(90, False, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
+                       copy_rate=1.0)
+    assert mixed.claim("cpu").size == 90 and mixed.claim("cpu") is None and mixed.claim("gpu").size == 30
     only_gpu = _Scheduler([task(1, False), task(5, True)], gpu=True, cpu=False, critical_mass=100)
     assert only_gpu.claim("gpu").size == 5 and only_gpu.claim("gpu").size == 1
 

@@ -330,7 +330,8 @@ class _Scheduler:
                 best = max(pool, key=lambda t: t.size, default=None)
             else:
                 pool = [t for t in self.tasks if not (self.gpu and t.resident and t.fits)]
-                best = min(pool, key=lambda t: t.size, default=None)
+                only_cpu = [t for t in pool if not (self.gpu and t.fits)]  # chunks larger than the cache first
+                best = min(only_cpu or pool, key=lambda t: t.size, default=None)
                 if best is not None and self.gpu and best.fits and best.size >= self.critical_mass:
                     # A queue the GPU would copy in: take it only if the CPU finishes it before the GPU would
                     # be done with the other copies anyway (else the batch waits for the CPU).
@@ -1048,6 +1049,8 @@ class ChunkedIndex:
 
     def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
         """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
+        if any(not t.result for t in tasks):
+            raise RuntimeError("ChunkedIndex: a queue was left unserved (internal scheduler error)")
         if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
             first = torch.full((q,), -1, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
