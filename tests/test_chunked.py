@@ -684,3 +684,13 @@ def test_cuda_index_with_cpu_queries_and_cpu_index_with_cuda_queries(gen, proces
             assert torch.equal(m.rows.cpu(), cg.range(lo, hi).rows)
             agg = index.range_aggregate(lo.to(query_device), hi.to(query_device), values.to(query_device))
             torch.testing.assert_close(agg.sum.cpu(), cg.range_aggregate(lo, hi, values).sum)
+
+
+def test_a_chunk_grown_past_the_cache_is_served_by_the_cpu():
+    index = chunked(torch.arange(2000), "cpu", gpu_budget=4 * SMALL, hot_keys=0)
+    index.insert(torch.full((1500,), 7))  # one run of equal keys: one chunk, now larger than the cache
+    assert index.stats()["oversized_chunks"] == 1
+    for processors in ("gpu", "auto"):
+        index.processors = processors
+        assert index.lookup(torch.tensor([7, 8, 1999])).count.tolist() == [1501, 1, 1]
+        assert index.lookup_all(torch.tensor([7])).rows.numel() == 1501

@@ -364,8 +364,8 @@ class ChunkedIndex:
         backend: ``"radix"`` (default) or ``"binary_search"``: representative searches whose structure is plain
             data that can be copied between devices (an OptiX scene is bound to a device address).
         processors: ``"auto"`` (GPU and CPU together where there is a cache, else the CPU), ``"gpu"`` (the cache
-            only, every chunk copied in as needed) or ``"cpu"`` (the host copies only). An attribute: change it
-            between batches.
+            only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU) or
+            ``"cpu"`` (the host copies only). An attribute: change it between batches.
         critical_mass: queue size from which the GPU copies a chunk in rather than leaving the queue to the CPU;
             ``None`` (default): measured (module doc). An attribute.
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
@@ -925,6 +925,9 @@ class ChunkedIndex:
                     raise worker_error[0]
             elif gpu_on:
                 self._gpu_loop(sched, batch)
+                if sched.tasks:  # chunks larger than the cache (a run of equal keys grown by updates): the CPU's
+                    sched.gpu = False
+                    self._cpu_loop(sched, batch, None)
             else:
                 self._cpu_loop(sched, batch, None)
         # ---- merge, in chunk order
