@@ -200,7 +200,10 @@ def main() -> None:
                 index._hot, index._hot_skip = None, 0  # every mode learns its hot keys from its own warm-up batch
                 index.reset_stats()
                 reps = args.repeats if mode != "cpu_only" else max(1, min(args.repeats, 2))
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(dev)
                 ms, res = run_timed(lambda: index.lookup(q), dev, reps)
+                peak_run = torch.cuda.max_memory_allocated(dev) if cuda else None
                 st = index.stats()
                 runs_total = reps + 1
                 run = {
@@ -213,6 +216,7 @@ def main() -> None:
                     "chunk_hits": st["chunk_hits"], "chunk_misses": st["chunk_misses"], "evictions": st["evictions"],
                     "critical_mass": st["critical_mass"], "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"],
                     "time_s_per_batch": {k: v / runs_total for k, v in st["time_s"].items() if k != "build"},
+                    "peak_gpu_bytes_all_allocations": peak_run,  # cache, hot tier, batch buffers, in-core index, keys
                 }
                 result["runs"].append(run)
                 rows.append(run)
