@@ -383,7 +383,8 @@ class ChunkedIndex:
     :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate` with the answers :class:`CgRXIndex` gives
     over the same keys (range rows in (key, row ID) order), for query batches on the CPU or on ``device``; answers
     come on the queries' device. Every batch synchronizes with the host (queue sizes), so none can be captured in
-    a CUDA graph; the capped forms compute the full answer and cut it.
+    a CUDA graph; the capped forms compute the full answer and cut it. One batch at a time: the index runs its
+    own CPU worker per batch, but two threads calling it at once would share its cache unsafely.
     """
 
     range_rows_ascending = False
