@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes, query_sort_bits
 from ._keys import resolve_key_type
 from ._config import Backend, BucketSearch, Layout, Representation, cgrx_config
 from .scene import SceneConfig
@@ -198,6 +198,32 @@ class CgRXIndex(IndexBase):
             scene=SceneConfig(*state["scene"]),
             representation=state["representation"],
         )
+
+    # -------------------------------------------------------------------- structure tensors (ChunkedIndex)
+    @classmethod
+    def _from_structure(cls, pairs: torch.Tensor, reps: torch.Tensor, table: torch.Tensor, n: int, *,
+                        key_type: str, key_dtype: torch.dtype, key_span: tuple[int, int] | None,
+                        bucket_size: int = 16, layout: str = "packed_row", bucket_search: str = "binary",
+                        backend: str = "radix") -> "CgRXIndex":
+        """An index over structure tensors that ``cgrx_build`` made (on any device: the format is the same on
+        the CPU and on CUDA), without rebuilding them: how :class:`~torch_rtindex.ChunkedIndex` serves a chunk
+        from its pinned host copy or from its copy in the GPU cache. Only the backends that need no OptiX scene
+        (bound to a device address); ``key_span`` is (smallest, largest) ordered key, for the query sort.""" 
+        if backend not in ("radix", "binary_search"):
+            raise ValueError(f"an index over prebuilt structure needs backend 'radix' or 'binary_search', got {backend!r}")
+        self = cls.__new__(cls)
+        self.key_type, self.key_dtype, self.device = key_type, key_dtype, pairs.device
+        self.bucket_size, self.bucket_search = bucket_size, bucket_search
+        self.requested_backend = self.backend = backend
+        self.requested_layout = self.layout = layout
+        self.scene, self.representation = CGRX_SCENE, "optimized"
+        self._n = int(n)
+        self._pairs, self._reps, self._table = pairs, reps, table
+        self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.num_buckets = -(-self._n // bucket_size)
+        self._query_bits = (0, 0) if key_span is None else query_sort_bits(*key_span)
+        self._prepare_lookups()
+        return self
 
     # ----------------------------------------------------------------------------------------- reporting
     def __len__(self) -> int:

@@ -1,0 +1,257 @@
+"""ChunkedIndex out of core: an index four times its GPU cache budget, lookups uniform and Zipf-skewed, next to
+the same keys in GPU memory (CgRXIndex, the in-core time), CPU-only serving, GPU-only serving, and the copy floor
+(the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
+
+Every answer is checked (against the in-core index where it was built, else against the keys themselves and
+across serving modes) before its time is reported. Prints a table, writes JSON to
+benchmarks/results/<GPU name>/chunked_<commit>.json (or --out).
+
+    python benchmarks/chunked_bench.py                       # 2^30 keys, gpu_budget = index bytes / 4
+    python benchmarks/chunked_bench.py --log-keys 31         # on an H200
+    python benchmarks/chunked_bench.py --device cpu --log-keys 16 --log-lookups 12 --chunk-mib 0.0625  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from rx_bench import git_commit, write_json  # noqa: E402  (same folder)
+
+from torch_rtindex import CgRXIndex, ChunkedIndex  # noqa: E402
+
+ODD = 0x9E3779B97F4A7C15 | 1  # multiplier of the position shuffle (odd: a bijection modulo 2^k)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1):
+    """Median milliseconds of `repeats` runs after `warmup` (host clock around a synchronized call: a batch
+    synchronizes with the host anyway), and the last result."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(repeats):
+        sync(dev)
+        t0 = time.perf_counter()
+        out = fn()
+        sync(dev)
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return times[len(times) // 2], out
+
+
+def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
+    """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
+    law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the
+    keys are uniform and unsorted) in every chunk, as hashed IDs are."""
+    if s == 0:
+        return torch.randint(0, n, (m,), generator=gen)
+    u = torch.rand(m, dtype=torch.float64, generator=gen)
+    if abs(s - 1) < 1e-9:
+        r = torch.exp(u * math.log(n + 1))
+    else:
+        a = 1 - s
+        r = (((n + 1) ** a - 1) * u + 1) ** (1 / a)
+    rank = (r.floor().to(torch.int64) - 1).clamp(0, n - 1)
+    if n & (n - 1) == 0:
+        return (rank * (ODD % n if n > 1 else 1) + 12345) & (n - 1)
+    return (rank * 2654435761 + 12345) % n
+
+
+def make_keys(n: int, dev: torch.device) -> torch.Tensor:
+    """n uniform 64-bit keys in host memory, generated on the GPU in pieces when there is one."""
+    keys = torch.empty(n, dtype=torch.int64)
+    gen = torch.Generator(device=dev).manual_seed(42)
+    piece = 1 << 26
+    for a in range(0, n, piece):
+        b = min(n, a + piece)
+        keys[a:b] = torch.randint(-(2**63), 2**63 - 1, (b - a,), generator=gen, device=dev, dtype=torch.int64).cpu()
+    return keys
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--log-keys", type=int, default=30)
+    ap.add_argument("--log-lookups", default="20,24,27", help="batch sizes, log2, comma separated")
+    ap.add_argument("--zipf", default="0.5,0.99,1.2", help="Zipf exponents besides uniform (0)")
+    ap.add_argument("--chunk-mib", type=float, default=256.0, help="chunk_bytes in MiB")
+    ap.add_argument("--budget-fraction", type=float, default=0.25, help="gpu_budget = this x the index's bytes")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cpu-max-log-lookups", type=int, default=24,
+                    help="CPU-only serving runs for batches up to 2^this (it is the slow one)")
+    ap.add_argument("--pcie-gbs", type=float, default=55.0, help="copy rate of the copy floor, GB/s (H100: 55)")
+    ap.add_argument("--skip-in-core", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    n = 1 << args.log_keys
+    batches = [int(x) for x in args.log_lookups.split(",") if x]
+    skews = [0.0] + [float(x) for x in args.zipf.split(",") if x]
+    name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    result = {"device": name, "commit": git_commit(), "torch": torch.__version__, "params": vars(args),
+              "unix_time": int(time.time()), "threads": torch.get_num_threads(), "runs": []}
+    rows = []
+
+    t0 = time.perf_counter()
+    keys = make_keys(n, dev)
+    print(f"keys: 2^{args.log_keys} uniform int64 in host memory ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+    # ---- the budget: a quarter of the index's bytes (known after a build; estimated first, then checked)
+    chunk_bytes = max(1024, int(args.chunk_mib * 2**20))
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, chunk_bytes=chunk_bytes, gpu_budget=0)
+    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
+    del probe
+    budget = max(int(n * per_key * args.budget_fraction), 4 * chunk_bytes)
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(dev)
+        base_mem = torch.cuda.memory_allocated(dev)
+    t0 = time.perf_counter()
+    index = ChunkedIndex(keys, device=dev, chunk_bytes=chunk_bytes, gpu_budget=budget, progress=True)
+    sync(dev)
+    build_s = time.perf_counter() - t0
+    peak = (torch.cuda.max_memory_allocated(dev) - base_mem) if cuda else None
+    index_bytes = index.memory()["chunks"]
+    hot_capacity = index.hot_capacity
+    result["build"] = {"seconds": build_s, "peak_gpu_bytes": peak, "gpu_budget": budget, "index_bytes": index_bytes,
+                       "chunks": index.num_chunks, "budget_over_index": budget / index_bytes,
+                       "hot_keys": hot_capacity}
+    print(f"build: {build_s:.1f} s, {index.num_chunks} chunks, index {index_bytes / 2**30:.2f} GiB, budget "
+          f"{budget / 2**30:.2f} GiB ({budget / index_bytes:.2f}x), peak GPU memory of the build "
+          f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'}", flush=True)
+
+    # ---- in-core reference: the same keys in GPU memory (skipped when it does not fit)
+    in_core, in_core_reason = None, None
+    if args.skip_in_core:
+        in_core_reason = "--skip-in-core"
+    else:
+        try:
+            t0 = time.perf_counter()
+            in_core = CgRXIndex(keys.to(dev), layout=index.layout, backend=index.backend, bucket_size=index.bucket_size)
+            sync(dev)
+            result["in_core_build_s"] = time.perf_counter() - t0
+        except (torch.OutOfMemoryError, RuntimeError, ValueError) as e:
+            in_core_reason = f"{type(e).__name__}: {str(e)[:200]}"
+            in_core = None
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+    if in_core is None:
+        print(f"in-core CgRXIndex skipped: {in_core_reason}", flush=True)
+    result["in_core_skipped"] = in_core_reason
+
+    gen = torch.Generator().manual_seed(7)
+    floor_rate = args.pcie_gbs * 1e9
+    bounds = [c["bytes"] for c in index.chunk_info()]
+    for log_m in batches:
+        m = 1 << log_m
+        for s in skews:
+            pos = zipf_positions(n, m, s, gen)
+            q = keys.index_select(0, pos).to(dev)
+            # copy floor: bytes of the chunks this batch touches beyond what the budget can keep resident
+            touched = torch.bincount(index._chunk_of(torch.ops.rtindex.map_keys(q, 0)), minlength=index.num_chunks)
+            touched_bytes = sum(b for b, t in zip(bounds, touched.tolist()) if t)
+            floor_ms = max(0, touched_bytes - budget) / floor_rate * 1e3
+            dist = "uniform" if s == 0 else f"zipf{s}"
+            # the check: first_row holds the query's key, no later than the position the query was drawn from
+            sample = torch.randint(0, m, (min(m, 1 << 16),), generator=gen)
+
+            def check(res, ref=None):
+                if ref is not None:
+                    return bool(torch.equal(res.first_row, ref.first_row) and torch.equal(res.count, ref.count))
+                fr = res.first_row.cpu().index_select(0, sample)
+                ok = (fr >= 0).all() and (fr <= pos.index_select(0, sample)).all()
+                return bool(ok and torch.equal(keys.index_select(0, fr.clamp(min=0)), q.cpu().index_select(0, sample)))
+
+            ref_res, in_ms = None, None
+            if in_core is not None:
+                in_ms, ref_res = run_timed(lambda: in_core.lookup(q), dev, args.repeats)
+                run = {"mode": "in_core", "dist": dist, "log_lookups": log_m, "ms": in_ms, "checked": check(ref_res)}
+                result["runs"].append(run)
+                rows.append(run)
+            # chunked: GPU and CPU with the hot-key tier; no_hot: the chunks alone (skewed batches only);
+            # gpu_only / cpu_only: one side serving (cpu_only without the hot tier, which lives on the GPU)
+            modes = [("chunked", "auto", True)] + ([("no_hot", "auto", False)] if s else [])
+            modes += [("gpu_only", "gpu", True), ("cpu_only", "cpu", False)]
+            for mode, procs, hot in modes:
+                if mode == "cpu_only" and log_m > args.cpu_max_log_lookups:
+                    run = {"mode": mode, "dist": dist, "log_lookups": log_m, "skipped": f"batch > 2^{args.cpu_max_log_lookups}"}
+                    result["runs"].append(run)
+                    continue
+                index.processors = procs
+                index.hot_capacity = hot_capacity if hot else 0
+                index._hot, index._hot_skip = None, 0  # every mode learns its hot keys from its own warm-up batch
+                index.reset_stats()
+                reps = args.repeats if mode != "cpu_only" else max(1, min(args.repeats, 2))
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(dev)
+                ms, res = run_timed(lambda: index.lookup(q), dev, reps)
+                peak_run = torch.cuda.max_memory_allocated(dev) if cuda else None
+                st = index.stats()
+                runs_total = reps + 1
+                run = {
+                    "mode": mode, "dist": dist, "log_lookups": log_m, "ms": ms, "glookups_s": m / ms / 1e6,
+                    "copy_floor_ms": floor_ms, "x_floor": ms / floor_ms if floor_ms else None,
+                    "x_in_core": ms / in_ms if in_ms else None, "checked": check(res, ref_res),
+                    "gpu_share": st["queries_gpu"] / max(1, st["pieces"]),
+                    "hot_share": st["hot_hits"] / max(1, st["queries"]),
+                    "bytes_copied_per_batch": st["bytes_copied"] / runs_total,
+                    "chunk_hits": st["chunk_hits"], "chunk_misses": st["chunk_misses"], "evictions": st["evictions"],
+                    "critical_mass": st["critical_mass"], "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"],
+                    "time_s_per_batch": {k: v / runs_total for k, v in st["time_s"].items() if k != "build"},
+                    "peak_gpu_bytes_all_allocations": peak_run,  # cache, hot tier, batch buffers, in-core index, keys
+                }
+                result["runs"].append(run)
+                rows.append(run)
+                print(f"{mode:9s} {dist:9s} 2^{log_m}: {ms:9.2f} ms  {run['glookups_s']:7.3f} G/s  floor "
+                      f"{floor_ms:8.2f} ms  hot {run['hot_share']:.2f}  gpu share {run['gpu_share']:.2f}  copied/batch "
+                      f"{run['bytes_copied_per_batch'] / 2**30:.2f} GiB  checked {run['checked']}", flush=True)
+            index.processors, index.hot_capacity = "auto", hot_capacity
+            del q, pos
+    # ---- table
+    print()
+    print(f"{'mode':9s} {'dist':9s} {'lookups':>8s} {'ms':>10s} {'G/s':>8s} {'floor ms':>10s} {'x floor':>8s} "
+          f"{'x in-core':>9s} {'hot':>5s} {'gpu share':>9s} ok")
+    for r in rows:
+        xf = f"{r['x_floor']:.2f}" if r.get("x_floor") else "-"
+        xi = f"{r['x_in_core']:.2f}" if r.get("x_in_core") else "-"
+        gs = f"{r['gpu_share']:.2f}" if "gpu_share" in r else "-"
+        hs = f"{r['hot_share']:.2f}" if "hot_share" in r else "-"
+        fl = f"{r['copy_floor_ms']:.2f}" if "copy_floor_ms" in r else "-"
+        gl = f"{(1 << r['log_lookups']) / r['ms'] / 1e6:.3f}"
+        print(f"{r['mode']:9s} {r['dist']:9s} {'2^' + str(r['log_lookups']):>8s} {r['ms']:10.2f} {gl:>8s} {fl:>10s} "
+              f"{xf:>8s} {xi:>9s} {hs:>5s} {gs:>9s} {r['checked']}")
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        path = args.out
+    else:
+        path = write_json(result, f"chunked_{result['commit']}")
+    print(f"\nwrote {path}")
+    if not all(r["checked"] for r in result["runs"] if "checked" in r):
+        print("SOME ANSWERS WERE WRONG", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1550 @@
+"""ChunkedIndex: an index larger than GPU memory, after Budge et al., "Out-of-core data management for path tracing
+on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
+
+The keys are cut into key-range **chunks**; each chunk is a cgRX structure (``CgRXIndex`` over the chunk's keys,
+in global row order, so its local row order is the global one) plus a ``local -> global row`` map. Every chunk
+lives in host memory (pinned where CUDA is available) as one contiguous blob; a **cache** on the fast device
+(``device``, the GPU) holds whole chunks, none twice, within a byte budget (``gpu_budget``).
+
+A lookup batch is **partitioned** by chunk on the queries' device in one pass (chunk id by a binary search over the
+chunk boundaries, a stable sort by chunk id, counts): one **queue** per chunk. A range that spans chunks becomes one
+piece per chunk. Two processors then serve the queues at the same time, each asking a **scheduler** for its next
+queue when it is ready (the paper's on-demand scheme):
+
+- the GPU (the calling thread) takes first the queues whose chunk is in the cache (largest first), then the
+  largest queue of at least the **critical mass** among the others: it copies that chunk into the cache on a copy
+  stream (waiting, on the GPU, only for the last lookup that read the space it reuses), so the copy of one chunk
+  overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight. When only queues
+  below the critical mass are left, it takes the largest of them if the CPU's backlog would outlast its copy;
+- the CPU (a worker thread; torch operators release the GIL) takes the smallest queues whose chunk is not in the
+  cache and answers them from the host copy with the CPU kernels. It never takes a queue the GPU holds the chunk
+  for, and a queue of at least the critical mass only if it would finish it before the GPU is done copying the
+  other chunks in. GPU (largest first) and CPU (smallest first) meet in the middle of the list.
+
+The critical mass (``critical_mass``; ``None``: automatic) is the queue size at which copying the chunk in
+(chunk bytes / copy rate) costs as much as answering the queue on the CPU (size / CPU lookup rate), with both
+rates measured on earlier batches (exponential averages; conservative guesses before the first).
+
+**Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
+demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
+sizes over past batches: the demand the next batch is likely to bring), then the least recently used.
+
+**Build**: keys anywhere (a CPU tensor larger than GPU memory is the main case). With CUDA the sort runs on the
+GPU within ``gpu_budget``: splitters from a sample, the keys partitioned by splitter range piece by piece (mapped
+and bucketed on the GPU, grouped in host memory), each range sorted on the GPU one at a time. Chunk boundaries
+fall only between distinct keys, so every key's rows live in one chunk (a point lookup touches one chunk); a run
+of equal keys longer than a chunk makes one larger chunk. Row IDs are int64 positions: more than 2^32 keys are
+fine, as long as no chunk holds 2^32 keys or more.
+
+**Hot keys**: point lookups (:meth:`ChunkedIndex.lookup`) first consult a small tier of the hottest keys' answers
+(learned from a sample of every batch, scores decayed per batch, the best ``hot_keys`` kept), on the queries'
+device; only the other queries go through the chunks. Skewed lookups of hashed IDs touch every chunk, so a
+key-range cache alone cannot serve them from the GPU; this tier can, for the hot part.
+
+**Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
+insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
+the chunk size is split, an emptied chunk is dropped, and the new chunks replace the old ones all at once only
+after every one of them was built: on any error the index is unchanged. Semantics are
+:meth:`UpdatableCgRXIndex.update`'s. (Not the node-based updatable cgRX per chunk: see the README.)
+
+**Files** (:meth:`ChunkedIndex.save`, :meth:`ChunkedIndex.open`): a directory with one file per chunk and a
+manifest (sizes and CRC-32 of every chunk file) per generation, and ``CURRENT`` naming the live manifest. A save
+writes a new generation and then replaces ``CURRENT`` atomically, so a reader sees the old or the new state;
+the previous generation is kept for readers that opened it. Opening loads no chunk: each is read (and checked)
+on first use. A corrupt or truncated chunk file raises an error naming the file.
+
+Without CUDA, or with ``device="cpu"``, the same code serves everything on the CPU; a positive ``gpu_budget``
+then makes the "cache" a second CPU copy, so the cache and the scheduler run as they do on a GPU (the tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ._base import VALUE_DTYPES, _ops, resolve_device
+from ._keys import KEY_TYPES, check_key_tensor, resolve_key_type
+from .cgrx import LAYOUTS, CgRXIndex
+from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
+
+TOP = -(2**63)  # XOR with this maps unsigned order (ordered keys) onto signed order (torch's sorts and searches)
+I64_MAX = 2**63 - 1
+_ALIGN = 256  # byte alignment of every tensor inside a chunk blob (and of cache slots)
+_MAGIC = b"RTXCHNK1"
+_FORMAT = "torch_rtindex.ChunkedIndex"
+_VERSION = 1
+_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+PROCESSORS = ("auto", "gpu", "cpu")
+EVICTIONS = ("demand", "lru")
+HOT_BYTES_PER_KEY = 32  # the hot-key tier: key, first row, count (8 bytes each) and a score, plus slack
+HOT_MAX_KEYS = 1 << 24
+HOT_DECAY = 0.5  # a hot key's score halves every batch it is not seen in
+HOT_USEFUL, HOT_PAUSE = 0.01, 8  # a full tier answering under 1% of a batch is skipped for the next 8 batches
+
+
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _cuda_ok() -> bool:
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------------- chunk blobs
+def _blob_specs(tensors: dict[str, torch.Tensor]) -> tuple[list[list], int]:
+    """Where each tensor sits in a chunk's blob: [name, dtype, numel, byte offset], and the blob's size."""
+    specs, off = [], 0
+    for name, t in tensors.items():
+        specs.append([name, str(t.dtype).removeprefix("torch."), int(t.numel()), off])
+        off = _align(off + t.numel() * t.element_size())
+    return specs, max(off, _ALIGN)
+
+
+def _views(buf: torch.Tensor, specs: list[list]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, dtype, numel, off in specs:
+        dt = _DTYPES[dtype]
+        size = numel * torch.empty(0, dtype=dt).element_size()
+        out[name] = buf[off : off + size].view(dt)
+    return out
+
+
+def _pack(tensors: dict[str, torch.Tensor], pin: bool) -> tuple[torch.Tensor, list[list]]:
+    """One host blob holding every tensor (copied asynchronously from CUDA: synchronize before reading it)."""
+    specs, size = _blob_specs(tensors)
+    buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+    for (name, *_), view in zip(specs, _views(buf, specs).values()):
+        view.copy_(tensors[name], non_blocking=True)
+    return buf, specs
+
+
+class _Chunk:
+    """One key-range chunk: its host blob (or the file it is lazily read from) and what describes it."""
+
+    def __init__(self, lo: int, n: int, base: int, kmin: int | None, kmax: int | None, specs: list[list], size: int,
+                 host: torch.Tensor | None, file: dict | None = None) -> None:
+        self.lo = lo  # the range's first ordered key (int64 bit pattern); chunk 0's is ignored (it starts at 0)
+        self.n, self.base, self.kmin, self.kmax = n, base, kmin, kmax
+        self.specs, self.nbytes = specs, size
+        self.host = host  # uint8 blob (pinned where CUDA is available), None until loaded from `file`
+        self.file = file  # {"path", "size", "crc32"} when the chunk is (also) in a saved directory
+        self.heat = 0.0
+        self.host_view: _View | None = None
+        self.lock = threading.Lock()
+
+
+@dataclass
+class _View:
+    """A chunk's structure on one device: the CgRX index over its local rows and the local -> global row map."""
+
+    index: CgRXIndex
+    l2g: torch.Tensor  # offsets from base: int32 holding unsigned 32-bit values, or int64
+    base: int
+
+    def global_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """Local row IDs (all valid) as global ones."""
+        return self._widen(self.l2g.index_select(0, local)) + self.base
+
+    @staticmethod
+    def _widen(offsets: torch.Tensor) -> torch.Tensor:
+        wide = offsets.to(torch.int64)
+        return wide & 0xFFFFFFFF if offsets.dtype == torch.int32 else wide
+
+    def global_first(self, first: torch.Tensor) -> torch.Tensor:
+        if self.l2g.numel() == 0:
+            return first
+        return torch.where(first >= 0, self.global_rows(first.clamp(min=0)), first)
+
+    def all_rows(self) -> torch.Tensor:
+        return self._widen(self.l2g) + self.base
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+class _Arena:
+    """The cache's memory: one allocation of ``budget`` bytes, carved into chunk slots (first fit, coalescing).
+    Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
+    slot is reused exactly when the GPU has finished the last lookup that read it (events, not the allocator)."""
+
+    def __init__(self, budget: int, device: torch.device) -> None:
+        self.budget, self.device = budget, device
+        self.buf: torch.Tensor | None = None
+        self.free = [(0, budget)]
+        self.retired: list[tuple[int, int, Any]] = []  # (offset, size, last-use event) of evicted slots
+
+    def storage(self) -> torch.Tensor:
+        if self.buf is None:
+            try:
+                self.buf = torch.empty(self.budget, dtype=torch.uint8, device=self.device)
+            except torch.OutOfMemoryError as e:
+                raise torch.OutOfMemoryError(
+                    f"ChunkedIndex: the chunk cache of gpu_budget={self.budget} bytes does not fit on {self.device} "
+                    f"next to what is allocated there; pass a smaller gpu_budget ({e})"
+                ) from e
+        return self.buf
+
+    def alloc(self, size: int) -> int | None:
+        size = _align(size)
+        for i, (off, length) in enumerate(self.free):
+            if length >= size:
+                if length == size:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off + size, length - size)
+                return off
+        return None
+
+    def release(self, off: int, size: int, event: Any) -> None:
+        size = _align(size)
+        if event is not None:
+            self.retired.append((off, size, event))
+        self.free.append((off, size))
+        self.free.sort()
+        merged = [self.free[0]]
+        for o, s in self.free[1:]:
+            if merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + s)
+            else:
+                merged.append((o, s))
+        self.free = merged
+
+    def events_over(self, off: int, size: int) -> list:
+        """The last-use events of evicted slots overlapping [off, off + size) (completed ones are forgotten)."""
+        self.retired = [r for r in self.retired if not r[2].query()]
+        return [ev for o, s, ev in self.retired if o < off + size and off < o + s]
+
+
+@dataclass
+class _Entry:
+    chunk: _Chunk
+    off: int
+    view: _View
+    ready: Any = None  # event: the copy into the slot is done
+    last_use: Any = None  # event: the last lookup reading the slot is done
+    tick: int = 0
+
+
+class ChunkCache:
+    """The fast tier: whole chunks within a byte budget, none twice.
+
+    Eviction (``policy="demand"``, the default): the chunk with the least demand still pending in the current
+    batch, then the least heat (its queue sizes over past batches, exponentially averaged), then the least
+    recently used; ``policy="lru"``: least recently used only. A chunk larger than the budget is never cached
+    (its queues go to the CPU)."""
+
+    def __init__(self, budget: int, device: torch.device, policy: str = "demand") -> None:
+        self.budget, self.device, self.policy = budget, device, policy
+        self.arena = _Arena(budget, device)
+        self.entries: dict[_Chunk, _Entry] = {}
+        self.tick = 0
+
+    def __contains__(self, chunk: _Chunk) -> bool:
+        return chunk in self.entries
+
+    def used(self) -> int:
+        return sum(_align(e.chunk.nbytes) for e in self.entries.values())
+
+    def victim_order(self, demand: dict[_Chunk, int]) -> list[_Chunk]:
+        """Resident chunks, the first to evict first."""
+        if self.policy == "lru":
+            key = lambda c: self.entries[c].tick  # noqa: E731
+        else:
+            key = lambda c: (demand.get(c, 0), c.heat, self.entries[c].tick)  # noqa: E731
+        return sorted(self.entries, key=key)
+
+    def evict(self, chunk: _Chunk) -> None:
+        e = self.entries.pop(chunk)
+        self.arena.release(e.off, chunk.nbytes, e.last_use)
+
+    def make_room(self, chunk: _Chunk, demand: dict[_Chunk, int]) -> tuple[int | None, int]:
+        """A slot for ``chunk`` (evicting by the policy as needed) and how many chunks were evicted; None if it
+        cannot fit at all."""
+        if _align(chunk.nbytes) > self.budget:
+            return None, 0
+        evicted = 0
+        off = self.arena.alloc(chunk.nbytes)
+        while off is None and self.entries:
+            self.evict(self.victim_order(demand)[0])
+            evicted += 1
+            off = self.arena.alloc(chunk.nbytes)
+        return off, evicted
+
+    def clear(self) -> None:
+        for c in list(self.entries):
+            self.evict(c)
+
+
+# -------------------------------------------------------------------------------------------- the scheduler
+@dataclass
+class _Task:
+    chunk: _Chunk
+    start: int  # the queue is entries start .. start + size of the partitioned batch
+    size: int
+    resident: bool
+    fits: bool
+    proc: str = ""
+    result: tuple = ()
+
+
+@dataclass
+class _Scheduler:
+    """The paper's on-demand scheduler for one batch: a processor that is ready locks it, ranks the pending queues
+    and takes the best one (see the module doc for the ranking)."""
+
+    tasks: list[_Task]
+    gpu: bool
+    cpu: bool
+    critical_mass: int
+    cpu_rate: float = float("inf")  # queries/s of the CPU side (measured)
+    copy_rate: float = 1.0  # bytes/s into the cache (measured)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    abort: bool = False
+
+    def demand(self) -> dict[_Chunk, int]:
+        with self.lock:
+            return {t.chunk: t.size for t in self.tasks}
+
+    def claim(self, proc: str) -> _Task | None:
+        with self.lock:
+            if self.abort or not self.tasks:
+                return None
+            if proc == "gpu":
+                pool = [t for t in self.tasks if t.resident]
+                if not pool:
+                    pool = [t for t in self.tasks if t.fits and (not self.cpu or t.size >= self.critical_mass)]
+                if not pool and self.cpu:
+                    # Only queues below the critical mass are left, the CPU's: the GPU still takes the largest
+                    # when the CPU's backlog would take longer than copying that chunk in.
+                    big = max((t for t in self.tasks if t.fits), key=lambda t: t.size, default=None)
+                    backlog = sum(t.size for t in self.tasks) / self.cpu_rate
+                    if big is not None and backlog > big.chunk.nbytes / self.copy_rate:
+                        pool = [big]
+                best = max(pool, key=lambda t: t.size, default=None)
+            else:
+                pool = [t for t in self.tasks if not (self.gpu and t.resident and t.fits)]
+                only_cpu = [t for t in pool if not (self.gpu and t.fits)]  # chunks larger than the cache first
+                best = min(only_cpu or pool, key=lambda t: t.size, default=None)
+                if best is not None and self.gpu and best.fits and best.size >= self.critical_mass:
+                    # A queue the GPU would copy in: take it only if the CPU finishes it before the GPU would
+                    # be done with the other copies anyway (else the batch waits for the CPU).
+                    gpu_left = sum(t.chunk.nbytes for t in self.tasks if t is not best and t.fits and not t.resident)
+                    if best.size / self.cpu_rate > gpu_left / self.copy_rate:
+                        best = None
+            if best is not None:
+                self.tasks.remove(best)
+                best.proc = proc
+            return best
+
+
+# ---------------------------------------------------------------------------------------------- the index
+class ChunkedIndex:
+    """A cgRX index over more keys than the GPU holds: key-range chunks in host memory, a GPU chunk cache,
+    per-chunk queues, the CPU and the GPU serving together (see the module doc for the design).
+
+    Args:
+        keys: 1-D tensor of int64, int32, float32, float64 or uint64 keys, on the CPU (the main case) or CUDA;
+            duplicates allowed, NaN not. Row ID = position (int64).
+        key_type: as for :class:`CgRXIndex` (``"uint64"`` reads int64 storage as unsigned).
+        chunk_bytes: target bytes per chunk (its cgRX structure and row map); chunks are cut only between
+            distinct keys, so a run of equal keys larger than this makes a larger chunk.
+        gpu_budget: bytes of the chunk cache on ``device``. Default: half the free GPU memory at construction;
+            on the CPU, 0 (no cache tier: the CPU serves from the host copy). A positive budget smaller than the
+            largest chunk is an error. The budget bounds the cache (and the build's GPU sort), not the queries'
+            and answers' buffers of a batch.
+        device: the cache's device: ``"cuda"`` (default where available) or ``"cpu"``.
+        bucket_size, layout: each chunk's cgRX parameters (default 16, ``"packed_row"``: the fewest bytes to copy).
+        backend: ``"radix"`` (default) or ``"binary_search"``: representative searches whose structure is plain
+            data that can be copied between devices (an OptiX scene is bound to a device address).
+        processors: ``"auto"`` (GPU and CPU together where there is a cache, else the CPU), ``"gpu"`` (the cache
+            only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU) or
+            ``"cpu"`` (the host copies only). An attribute: change it between batches.
+        critical_mass: queue size from which the GPU copies a chunk in rather than leaving the queue to the CPU;
+            ``None`` (default): measured (module doc). An attribute.
+        eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
+        pipeline_depth: queues the GPU has in flight at once (2: double buffering).
+        hot_keys: capacity of the hot-key tier, which answers point lookups (:meth:`lookup`) of the keys seen
+            most often in past batches on the queries' device without touching a chunk: what a key-range cache
+            cannot do for skewed lookups of hashed IDs, whose hot keys are spread over every chunk. ``None``
+            (default): a sixteenth of ``gpu_budget`` (32 bytes per key, at most 2^24 keys), taken from the chunk
+            cache, if the rest still holds two chunks; 0: off. Cleared by every update.
+        hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
+        progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
+            ``None``: when stderr is a terminal.
+
+    Lookups: :meth:`lookup`, :meth:`lookup_all`, :meth:`lookup_all_capped`, :meth:`range`, :meth:`range_capped`,
+    :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate` with the answers :class:`CgRXIndex` gives
+    over the same keys (range rows in (key, row ID) order), for query batches on the CPU or on ``device``; answers
+    come on the queries' device. Every batch synchronizes with the host (queue sizes), so none can be captured in
+    a CUDA graph; the capped forms compute the full answer and cut it. One batch at a time: the index runs its
+    own CPU worker per batch, but two threads calling it at once would share its cache unsafely.
+    """
+
+    range_rows_ascending = False
+    #: keys sorted at once by the build (None: from the budget on CUDA, all on the CPU); tests set it to run the
+    #: splitter-range build on the CPU
+    _build_range_keys: int | None = None
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        *,
+        key_type: str | None = None,
+        chunk_bytes: int = 256 << 20,
+        gpu_budget: int | None = None,
+        device: torch.device | str | None = None,
+        bucket_size: int = 16,
+        layout: str = "packed_row",
+        backend: str = "radix",
+        processors: str = "auto",
+        critical_mass: int | None = None,
+        eviction: str = "demand",
+        pipeline_depth: int = 2,
+        hot_keys: int | None = None,
+        hot_sample: int = 1 << 20,
+        progress: bool | None = None,
+    ) -> None:
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+        self._configure(key_type=resolve_key_type(keys, key_type), key_dtype=keys.dtype, chunk_bytes=chunk_bytes,
+                        gpu_budget=gpu_budget, device=device, bucket_size=bucket_size, layout=layout,
+                        backend=backend, processors=processors, critical_mass=critical_mass, eviction=eviction,
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
+        check_key_tensor(keys, "keys", dtype=self.key_dtype, device=keys.device)
+        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
+            raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
+        t0 = time.perf_counter()
+        self._build(keys, progress)
+        self._stats["time_s"]["build"] = time.perf_counter() - t0
+        self._setup_tiers()
+
+    # ------------------------------------------------------------------------------------------ configuration
+    def _configure(self, *, key_type, key_dtype, chunk_bytes, gpu_budget, device, bucket_size, layout, backend,
+                   processors, critical_mass, eviction, pipeline_depth, hot_keys, hot_sample) -> None:
+        if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
+            raise ValueError(f"chunk_bytes must be an integer of at least 1024, got {chunk_bytes!r}")
+        if not isinstance(bucket_size, int) or not 1 <= bucket_size <= 2**16:
+            raise ValueError(f"bucket_size must be an integer in 1 .. 65536, got {bucket_size!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+        if backend not in ("radix", "binary_search"):
+            raise ValueError(
+                f"backend must be 'radix' or 'binary_search', got {backend!r} (chunks move between host and GPU, "
+                "and an OptiX scene is bound to its device address)"
+            )
+        if eviction not in EVICTIONS:
+            raise ValueError(f"eviction must be one of {EVICTIONS}, got {eviction!r}")
+        if not isinstance(pipeline_depth, int) or pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be a positive integer, got {pipeline_depth!r}")
+        if hot_keys is not None and (isinstance(hot_keys, bool) or not isinstance(hot_keys, int) or hot_keys < 0):
+            raise ValueError(f"hot_keys must be None (automatic) or a non-negative integer, got {hot_keys!r}")
+        if isinstance(hot_sample, bool) or not isinstance(hot_sample, int) or hot_sample < 1:
+            raise ValueError(f"hot_sample must be a positive integer, got {hot_sample!r}")
+        dev = resolve_device(device if device is not None else ("cuda" if _cuda_ok() else "cpu"))
+        if dev.type == "cuda" and not _cuda_ok():
+            raise ValueError("device='cuda' but CUDA is not available; pass device='cpu'")
+        if dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {dev}")
+        if gpu_budget is None:
+            gpu_budget = int(torch.cuda.mem_get_info(dev)[0] * 0.5) if dev.type == "cuda" else 0
+        if isinstance(gpu_budget, bool) or not isinstance(gpu_budget, int) or gpu_budget < 0:
+            raise ValueError(f"gpu_budget must be a non-negative number of bytes, got {gpu_budget!r}")
+        self.key_type, self.key_dtype, self.device = key_type, key_dtype, dev
+        self.chunk_bytes, self.bucket_size, self.layout, self.backend = chunk_bytes, bucket_size, layout, backend
+        self.gpu_budget = gpu_budget
+        self.processors = processors
+        self.critical_mass = critical_mass
+        self.pipeline_depth = pipeline_depth
+        self._eviction, self._hot_request, self.hot_sample = eviction, hot_keys, hot_sample
+        self._cache: ChunkCache | None = None  # made by _setup_tiers, once the chunk sizes are known
+        self.hot_capacity = 0
+        self._hot: tuple[torch.Tensor, ...] | None = None
+        self._hot_skip = 0  # point-lookup batches left that skip the hot tier (it answered too little)
+        self._pin = _cuda_ok()
+        self._set_chunks([])
+        self._n = 0
+        self._next_row = 0
+        self._rows_are_positions = True
+        self._copy_stream = None
+        self._io_stream = None
+        self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
+        self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
+        self._measured = {"cpu": False, "copy": False}
+        self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
+        self.reset_stats()
+
+    def _setup_tiers(self) -> None:
+        """Splits gpu_budget between the hot-key tier and the chunk cache, now that the chunk sizes are known."""
+        largest = _align(max(c.nbytes for c in self._chunks))
+        budget = self.gpu_budget
+        if budget and largest > budget:
+            raise ValueError(
+                f"gpu_budget={budget} bytes holds no chunk: the largest chunk takes {largest} bytes; "
+                "raise gpu_budget, lower chunk_bytes (a run of equal keys always stays in one chunk), or pass "
+                "gpu_budget=0 to serve from host memory only"
+            )
+        cap = self._hot_request
+        if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
+            cap = min(HOT_MAX_KEYS, budget // 16 // HOT_BYTES_PER_KEY)
+            if budget - cap * HOT_BYTES_PER_KEY < 2 * largest:
+                cap = 0
+        elif budget and budget - cap * HOT_BYTES_PER_KEY < largest:
+            raise ValueError(
+                f"hot_keys={cap} takes {cap * HOT_BYTES_PER_KEY} bytes of gpu_budget={budget}, and the rest holds no "
+                f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
+            )
+        self.hot_capacity, self._hot, self._hot_skip = cap, None, 0
+        arena = budget - cap * HOT_BYTES_PER_KEY if budget else 0
+        self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
+
+    def _bytes_per_key(self) -> float:
+        pair = 16 if self.layout == "aligned_row" else 12
+        return pair + 4 + 8 / self.bucket_size + 1
+
+    def _chunk_keys(self) -> int:
+        return max(1, int(self.chunk_bytes // self._bytes_per_key()))
+
+    def _work_device(self, keys: torch.Tensor) -> torch.device:
+        """Where the build sorts: the cache's GPU (within the budget) when there is one, else the CPU."""
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def _maybe_fault(self, stage: str) -> None:
+        if self._fault is not None:
+            self._fault(stage)
+
+    # ------------------------------------------------------------------------------------------------ build
+    def _map(self, keys: torch.Tensor) -> torch.Tensor:
+        return _ops().map_keys(keys.contiguous(), KEY_TYPES[self.key_type])
+
+    def _build(self, keys: torch.Tensor, progress: bool | None) -> None:
+        n = keys.numel()
+        W = self._work_device(keys)
+        T = self._chunk_keys()
+        if self._build_range_keys is not None:
+            bucket_keys = self._build_range_keys
+        elif W.type == "cuda":
+            # ~64 bytes per key while a range is sorted (keys, positions, the sort's output and scratch), plus a
+            # chunk's own build (~64 bytes per key of the chunk).
+            bucket_keys = max(T, (self.gpu_budget - 64 * T) // 64) if self.gpu_budget else 1 << 26
+        else:
+            bucket_keys = max(n, 1)
+        bar = _progress_bar(n, progress)
+        chunks: list[_Chunk] = []
+        if n <= bucket_keys:
+            o = self._map(keys.to(W))
+            sf, pos = torch.sort(o ^ TOP, stable=True)
+            del o
+            carry = self._cut(sf, pos, T, True, chunks)
+            assert carry is None
+            bar.update(n)
+        else:
+            carry = None
+            for sf, pos, last in self._ranges(keys, W, bucket_keys, bar):
+                if carry is not None:  # the previous range's tail: its keys are smaller than all of this range's
+                    sf, pos = torch.cat([carry[0], sf]), torch.cat([carry[1], pos])
+                carry = self._cut(sf, pos, T, last, chunks)
+        if not chunks:
+            chunks.append(self._build_chunk(torch.empty(0, dtype=torch.int64, device=W),
+                                            torch.empty(0, dtype=torch.int64, device=W), 0))
+        if W.type == "cuda":
+            torch.cuda.current_stream(W).synchronize()  # the blobs were copied out asynchronously
+        bar.close()
+        self._set_chunks(chunks)
+        self._n, self._next_row = n, n
+
+    def _ranges(self, keys: torch.Tensor, W: torch.device, bucket_keys: int, bar):
+        """The keys' (flipped ordered key, position) pairs sorted, one splitter range at a time; each range's keys
+        are greater than every earlier range's (a key's copies all fall in one range). Yields (sf, pos, last)."""
+        n = keys.numel()
+        buckets = -(-n * 5 // (bucket_keys * 4))  # 1.25x as many as needed: sample noise stays under the limit
+        gen = torch.Generator(device=keys.device).manual_seed(0x5EED)
+        s = min(n, buckets * 1024)
+        sample = self._map(keys[torch.randint(0, n, (s,), generator=gen, device=keys.device)]).to(W) ^ TOP
+        sample = torch.sort(sample).values
+        spl = torch.unique(sample[(torch.arange(1, buckets, device=W) * s) // buckets])  # sorted, distinct
+        B = spl.numel() + 1
+        piece = max(1, bucket_keys // 2)  # a piece and the next one's first tensors may be alive at once
+
+        def pieces():
+            for a in range(0, n, piece):
+                b = min(n, a + piece)
+                o = self._map(keys[a:b].to(W, non_blocking=True))
+                yield a, o, torch.searchsorted(spl, o ^ TOP, right=True, out_int32=True)
+
+        counts = torch.stack([torch.bincount(bid, minlength=B).cpu() for _, _, bid in pieces()])  # [pieces, B]
+        counts = counts.to(torch.int64)
+        per_bucket = counts.sum(0)
+        bucket_start = torch.cumsum(per_bucket, 0) - per_bucket
+        dest = bucket_start[None, :] + torch.cumsum(counts, 0) - counts  # [pieces, B]: where each piece's share goes
+        hk = torch.empty(n, dtype=torch.int64)
+        hp = torch.empty(n, dtype=torch.int32 if n <= 2**31 else torch.int64)  # positions: 4 bytes where they fit
+        for p, (a, o, bid) in enumerate(pieces()):
+            by_bucket = torch.sort(bid, stable=True).indices
+            ok = o.index_select(0, by_bucket).cpu()
+            op = (by_bucket + a).to(hp.dtype).cpu()
+            src = 0
+            for j, c in enumerate(counts[p].tolist()):
+                d = int(dest[p, j])
+                hk[d : d + c] = ok[src : src + c]
+                hp[d : d + c] = op[src : src + c]
+                src += c
+        for j in range(B):
+            a, c = int(bucket_start[j]), int(per_bucket[j])
+            # Within a range the pairs are in position order (pieces in order, each grouped stably): a stable
+            # sort by key gives (key, position) order.
+            sf, perm = torch.sort(hk[a : a + c].to(W) ^ TOP, stable=True)
+            pos = hp[a : a + c].to(W).index_select(0, perm).to(torch.int64)
+            bar.update(c)
+            yield sf, pos, j == B - 1
+
+    def _cut(self, sf: torch.Tensor, pos: torch.Tensor, T: int, last: bool, out: list) -> tuple | None:
+        """Cuts sorted pairs into chunks of about T keys, only between distinct keys; returns the tail that should
+        join the next range (None on the last one)."""
+        m, start = sf.numel(), 0
+        while start < m:
+            if m - start < T and not last:
+                return sf[start:].clone(), pos[start:].clone()
+            end = min(start + T, m)
+            if end < m:
+                end = int(torch.searchsorted(sf, sf[end - 1 : end], right=True))
+            out.append(self._build_chunk(sf[start:end] ^ TOP, pos[start:end], int(sf[start]) ^ TOP if start < m else 0))
+            start = end
+        return None
+
+    def _build_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int) -> _Chunk:
+        """A chunk over (ordered key, global row) pairs (any order): its cgRX structure over the keys in row
+        order, so that local row order is global row order, and the local -> global map."""
+        self._maybe_fault("build_chunk")
+        rows_sorted, perm = torch.sort(rows)
+        k = ordered.index_select(0, perm).contiguous()
+        n = k.numel()
+        pairs, reps, table = _ops().cgrx_build(k, self.bucket_size, LAYOUTS[self.layout])
+        if n:
+            flipped = torch.aminmax(k ^ TOP)
+            kmin, kmax = int(flipped.min) ^ TOP, int(flipped.max) ^ TOP
+            base, last = int(rows_sorted[0]), int(rows_sorted[-1])
+        else:
+            kmin = kmax = None
+            base = last = 0
+        l2g = rows_sorted - base
+        if last - base < 2**32:
+            l2g = l2g.to(torch.int32)  # unsigned 32-bit offsets: half the bytes to copy (rows spanning < 2^32)
+        if n >= 2**32 - 1:
+            raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
+        blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
+        return _Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob)
+
+    # ------------------------------------------------------------------------------------- chunk structures
+    def _host(self, chunk: _Chunk) -> torch.Tensor:
+        """The chunk's host blob, read from its file on first use (checked: size, then CRC-32)."""
+        if chunk.host is not None:
+            return chunk.host
+        with chunk.lock:
+            if chunk.host is None:
+                t0 = time.perf_counter()
+                chunk.host = _read_chunk_file(chunk.file, chunk.nbytes, self._pin)
+                with self._stats_lock:
+                    self._stats["disk_loads"] += 1
+                    self._stats["bytes_loaded"] += chunk.nbytes
+                    self._stats["time_s"]["load"] += time.perf_counter() - t0
+        return chunk.host
+
+    def _host_view(self, chunk: _Chunk) -> _View:
+        """The chunk's structure over its host blob (made once: the blob never changes)."""
+        view = chunk.host_view
+        if view is None:
+            view = chunk.host_view = self._view(chunk, self._host(chunk))
+        return view
+
+    def _view(self, chunk: _Chunk, buf: torch.Tensor) -> _View:
+        t = _views(buf, chunk.specs)
+        span = None if chunk.kmin is None else (chunk.kmin, chunk.kmax)
+        index = CgRXIndex._from_structure(
+            t["pairs"], t["reps"], t["table"], chunk.n, key_type=self.key_type, key_dtype=self.key_dtype,
+            key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
+        )
+        return _View(index, t["l2g"], chunk.base)
+
+    def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+        """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
+        csrc/cgrx/cgrx_core.h)."""
+        view = self._host_view(chunk)
+        p, n = view.index._pairs, chunk.n
+        if self.layout == "packed_row":
+            w = p.view(-1, 3).to(torch.int64) & 0xFFFFFFFF
+            keys, local = w[:, 0] | (w[:, 1] << 32), w[:, 2]
+        elif self.layout == "aligned_row":
+            w = p.view(-1, 4)
+            keys, local = w[:, :2].contiguous().view(torch.int64).reshape(-1), w[:, 2].to(torch.int64) & 0xFFFFFFFF
+        else:
+            keys, local = p[: 2 * n].view(torch.int64), p[2 * n :].to(torch.int64) & 0xFFFFFFFF
+        return keys.clone(), view.global_rows(local) if n else local.clone()
+
+    # ----------------------------------------------------------------------------------------------- lookups
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self._chunks)
+
+    def _set_chunks(self, chunks: list[_Chunk]) -> None:
+        self._chunks = chunks
+        self._bounds_on: dict[torch.device, torch.Tensor] = {}
+
+    def _bounds(self, device: torch.device) -> torch.Tensor:
+        """The chunks' first ordered keys (flipped to signed order) after the first, on ``device``."""
+        if device not in self._bounds_on:
+            self._bounds_on[device] = torch.tensor([c.lo for c in self._chunks[1:]], dtype=torch.int64).to(device) ^ TOP
+        return self._bounds_on[device]
+
+    def _chunk_of(self, ordered: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self._bounds(ordered.device), ordered ^ TOP, right=True)
+
+    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not isinstance(lo, torch.Tensor):
+            raise TypeError(f"queries must be a torch.Tensor, got {type(lo).__name__}")
+        D = lo.device
+        if D.type not in ("cpu", "cuda") or (D.type == "cuda" and self.device.type == "cuda" and D != self.device):
+            raise ValueError(f"queries are on {D}; pass them on the CPU or on the index's device {self.device}")
+        if D.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "ChunkedIndex lookups cannot be captured in a CUDA graph: every batch learns its queue sizes on the "
+                "host (and copies chunks in as needed)"
+            )
+        ops = _ops()
+        if hi is None:
+            check_key_tensor(lo, "queries", dtype=self.key_dtype, device=D)
+            return ops.map_keys(lo, KEY_TYPES[self.key_type]), None
+        check_key_tensor(lo, "lo", dtype=self.key_dtype, device=D)
+        check_key_tensor(hi, "hi", dtype=self.key_dtype, device=D)
+        if lo.numel() != hi.numel():
+            raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
+        return ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
+
+    def _check_values(self, values: torch.Tensor, device: torch.device) -> torch.Tensor:
+        need = self._n if self._rows_are_positions else self._next_row
+        exact = self._rows_are_positions
+        if not isinstance(values, torch.Tensor) or values.dim() != 1 or values.numel() < need or (
+                exact and values.numel() != need):
+            what = f"one value per key ({need})" if exact else f"a value for every row ID (at least {need} values)"
+            raise ValueError(f"values must be a 1-D tensor with {what}")
+        if values.device != device:
+            raise ValueError(f"values are on {values.device} but the queries on {device}; pass them on one device")
+        if values.dtype not in VALUE_DTYPES:
+            raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
+        return values.contiguous()
+
+    def lookup(self, queries: torch.Tensor) -> Lookup:
+        """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count. The hot-key
+        tier answers the hottest keys; the other queries go through the chunks."""
+        return Lookup(*self._run("lookup", queries, None))
+
+    def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
+        """Range lookups ``[lo[i], hi[i]]`` (inclusive; empty when ``lo[i] > hi[i]``): smallest row ID, count."""
+        return Lookup(*self._run("lookup", lo, hi))
+
+    def lookup_all(self, queries: torch.Tensor) -> Matches:
+        """Every matching row ID per query as CSR, ascending row IDs per query."""
+        return Matches(*self._run("csr", queries, None))
+
+    def range(self, lo: torch.Tensor, hi: torch.Tensor) -> Matches:
+        """Every row ID in each range as CSR, in (key, row ID) order (chunk order is key order)."""
+        return Matches(*self._run("csr", lo, hi))
+
+    def lookup_all_capped(self, queries: torch.Tensor, capacity: int) -> CappedMatches:
+        """:meth:`lookup_all` cut to ``capacity`` row IDs plus the true total (see :class:`CappedMatches`)."""
+        return _capped(self._run("csr", queries, None), _capacity(capacity))
+
+    def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
+        """:meth:`range` cut to ``capacity`` row IDs plus the true total (see :class:`CappedMatches`)."""
+        return _capped(self._run("csr", lo, hi), _capacity(capacity))
+
+    def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
+        """Per query the match count and the sum of ``values[row]`` over the matches (int64 or float64)."""
+        return Aggregate(*self._run("aggregate", queries, None, values))
+
+    def range_aggregate(self, lo: torch.Tensor, hi: torch.Tensor, values: torch.Tensor) -> Aggregate:
+        """Per range the match count and the sum of ``values[row]`` over the matches."""
+        return Aggregate(*self._run("aggregate", lo, hi, values))
+
+    # -------------------------------------------------------------------------------------- batch execution
+    def _processors(self) -> tuple[bool, bool]:
+        if self.processors not in PROCESSORS:
+            raise ValueError(f"processors must be one of {PROCESSORS}, got {self.processors!r}")
+        if self.processors == "gpu" and self._cache is None:
+            raise ValueError("processors='gpu' needs a chunk cache: build or open the index with gpu_budget > 0")
+        gpu = self._cache is not None and self.processors in ("auto", "gpu")
+        return gpu, not gpu or self.processors == "auto"
+
+    def _critical_mass(self) -> int:
+        if self.critical_mass is not None:
+            return int(self.critical_mass)
+        mean = sum(c.nbytes for c in self._chunks) / len(self._chunks)
+        return max(1, int(mean / self._copy_rate * self._cpu_rate))
+
+    def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
+        t_start = time.perf_counter()
+        qlo, qhi = self._check_queries(lo, hi)
+        D = qlo.device
+        if values is not None:
+            values = self._check_values(values, D)
+        if form == "lookup" and qhi is None and self.hot_capacity and qlo.numel() and self._hot_skip == 0:
+            out = self._lookup_hot(qlo, D)
+        else:
+            self._hot_skip = max(0, self._hot_skip - 1) if form == "lookup" and qhi is None else self._hot_skip
+            out = self._serve(form, qlo, qhi, values, D)
+        self._count("queries", qlo.numel())
+        self._stats["time_s"]["total"] += time.perf_counter() - t_start
+        return out
+
+    def _lookup_hot(self, qlo: torch.Tensor, D: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Point lookups through the hot-key tier: the answers of the hottest keys seen so far, kept on the
+        queries' device; the other queries go through the chunks. Then the tier learns from this batch."""
+        hot = self._hot
+        if hot is not None and hot[0].device != D:
+            hot = self._hot = tuple(t.to(D) for t in hot)
+        if hot is None:
+            first, count = self._serve("lookup", qlo, None, None, D)
+        else:
+            hk, hf, hc, _ = hot
+            qf = qlo ^ TOP
+            pos = torch.searchsorted(hk, qf).clamp(max=hk.numel() - 1)
+            hit = hk.index_select(0, pos) == qf
+            first = torch.where(hit, hf.index_select(0, pos), -1)
+            count = torch.where(hit, hc.index_select(0, pos), 0)
+            rest = torch.nonzero(~hit).reshape(-1)
+            if rest.numel():
+                rf, rc = self._serve("lookup", qlo.index_select(0, rest), None, None, D)
+                first.index_copy_(0, rest, rf)
+                count.index_copy_(0, rest, rc)
+            hits = qlo.numel() - rest.numel()
+            self._count("hot_hits", hits)
+            if hot[0].numel() >= self.hot_capacity and hits < HOT_USEFUL * qlo.numel():
+                # A full tier that answers almost nothing (no skew): stop paying for it for a while.
+                self._hot_skip = HOT_PAUSE
+        t0 = time.perf_counter()
+        self._learn_hot(qlo, first, count)
+        self._stats["time_s"]["hot"] += time.perf_counter() - t0
+        return first, count
+
+    def _learn_hot(self, qlo: torch.Tensor, first: torch.Tensor, count: torch.Tensor) -> None:
+        """Scores the keys of a sample of the batch (their share of it), adds them to the tier's decayed scores
+        and keeps the hot_capacity best-scored keys with their answers (sorted by key, for the search)."""
+        D, q = qlo.device, qlo.numel()
+        S = min(q, self.hot_sample)
+        idx = torch.randint(0, q, (S,), device=D) if S < q else torch.arange(q, device=D)
+        keys, inverse, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_inverse=True, return_counts=True)
+        at = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(0, inverse, idx)  # a query of each key
+        f, c, score = first.index_select(0, at), count.index_select(0, at), seen.to(torch.float32) / S
+        if self._hot is not None:
+            hk, hf, hc, hs = self._hot
+            allk = torch.cat([hk, keys])
+            keys, inverse = torch.unique(allk, return_inverse=True)
+            score = torch.zeros(keys.numel(), dtype=torch.float32, device=D).index_add_(
+                0, inverse, torch.cat([hs * HOT_DECAY, score]))
+            pick = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(
+                0, inverse, torch.arange(allk.numel(), device=D))  # any entry of a key: they hold equal answers
+            f, c = torch.cat([hf, f]).index_select(0, pick), torch.cat([hc, c]).index_select(0, pick)
+        if keys.numel() > self.hot_capacity:
+            top = torch.sort(score, descending=True).indices[: self.hot_capacity].sort().values  # keys stay sorted
+            keys, f, c, score = keys[top], f[top], c[top], score[top]
+        self._hot = (keys, f, c, score)
+
+    def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
+               D: torch.device):
+        """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge."""
+        t_start = time.perf_counter()
+        st, tm = self._stats, self._stats["time_s"]
+        q = qlo.numel()
+        # ---- partition: one piece per (query, chunk it needs), in query-major order, then grouped by chunk
+        if qhi is None:
+            piece_q = None
+            pchunk = self._chunk_of(qlo)
+            P = q
+        else:
+            clo = self._chunk_of(qlo)
+            chi = self._chunk_of(qhi)
+            npieces = (chi - clo + 1).clamp(min=0)
+            P = int(npieces.sum())
+            piece_q = torch.repeat_interleave(torch.arange(q, device=D), npieces, output_size=P)
+            first_piece = torch.cumsum(npieces, 0) - npieces
+            pchunk = clo.index_select(0, piece_q) + torch.arange(P, device=D) - first_piece.index_select(0, piece_q)
+        if len(self._chunks) == 1:
+            order = torch.arange(P, device=D)
+        else:  # narrow ids: a radix sort makes one pass per byte of the key
+            narrow = torch.int16 if len(self._chunks) < 2**15 else torch.int32
+            order = torch.sort(pchunk.to(narrow), stable=True).indices
+        counts = torch.bincount(pchunk, minlength=len(self._chunks)).tolist() if P else [0] * len(self._chunks)
+        sq = order if piece_q is None else piece_q.index_select(0, order)  # the query of each queue entry
+        s_lo = qlo.index_select(0, sq)
+        s_hi = None if qhi is None else qhi.index_select(0, sq)
+        gpu_on, cpu_on = self._processors()
+        cache = self._cache
+        tasks, start = [], 0
+        for chunk, c in zip(self._chunks, counts):
+            if c:
+                tasks.append(_Task(chunk, start, c, cache is not None and chunk in cache,
+                                   cache is not None and _align(chunk.nbytes) <= cache.budget))
+            start += c
+        if D.type == "cuda" and self._io_stream is None:
+            self._io_stream = torch.cuda.Stream(D)  # made here, not racing in the worker
+        if gpu_on and self.device.type == "cuda" and self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        if D.type == "cpu" and gpu_on and self.device.type == "cuda" and P:
+            s_lo = s_lo.pin_memory()
+            s_hi = None if s_hi is None else s_hi.pin_memory()
+        part_event = None
+        if D.type == "cuda":
+            part_event = torch.cuda.Event()
+            part_event.record()
+        tm["partition"] += time.perf_counter() - t_start
+        # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
+        cm = self._critical_mass()
+        sched = _Scheduler(list(tasks), gpu_on, cpu_on, cm, self._cpu_rate, self._copy_rate)
+        batch = _Batch(form, s_lo, s_hi, values, D, part_event)
+        if tasks:
+            if gpu_on and cpu_on:
+                worker_error: list[BaseException] = []
+                worker = threading.Thread(target=self._cpu_loop, args=(sched, batch, worker_error), daemon=True)
+                worker.start()
+                try:
+                    self._gpu_loop(sched, batch)
+                except BaseException:
+                    sched.abort = True
+                    raise
+                finally:
+                    worker.join()
+                if worker_error:
+                    raise worker_error[0]
+            elif gpu_on:
+                self._gpu_loop(sched, batch)
+                if sched.tasks:  # chunks larger than the cache (a run of equal keys grown by updates): the CPU's
+                    sched.gpu = False
+                    self._cpu_loop(sched, batch, None)
+            else:
+                self._cpu_loop(sched, batch, None)
+        # ---- merge, in chunk order
+        t0 = time.perf_counter()
+        out = self._merge(form, tasks, q, P, sq, order, piece_q, D, values)
+        tm["merge"] += time.perf_counter() - t0
+        for chunk, c in zip(self._chunks, counts):
+            chunk.heat = 0.5 * chunk.heat + c
+        st["batches"] += 1
+        st["pieces"] += P
+        st["critical_mass"] = cm
+        self._learn_rates(batch)
+        return out
+
+    def _cpu_loop(self, sched: _Scheduler, batch: "_Batch", error: list | None) -> None:
+        try:
+            while (task := sched.claim("cpu")) is not None:
+                self._maybe_fault("cpu_task")
+                t0 = time.perf_counter()
+                view = self._host_view(task.chunk)
+                qlo, qhi = batch.queue(task, torch.device("cpu"), self)
+                task.result = self._answer(view, batch, qlo, qhi, torch.device("cpu"))
+                dt = time.perf_counter() - t0
+                with self._stats_lock:
+                    self._stats["queries_cpu"] += task.size
+                    self._stats["time_s"]["cpu"] += dt
+                batch.cpu_queries += task.size
+                batch.cpu_time += dt
+        except BaseException as e:  # handed to the calling thread, which raises it
+            sched.abort = True
+            if error is None:
+                raise
+            error.append(e)
+
+    def _gpu_loop(self, sched: _Scheduler, batch: "_Batch") -> None:
+        cache, dev = self._cache, self.device
+        cuda = dev.type == "cuda"
+        compute = torch.cuda.current_stream(dev) if cuda else None
+        inflight: deque = deque()
+        tm = self._stats["time_s"]
+        try:
+            while True:
+                if len(inflight) >= self.pipeline_depth:
+                    t0 = time.perf_counter()
+                    inflight.popleft().synchronize()  # the GPU is ready for the next queue: pacing
+                    tm["gpu_wait"] += time.perf_counter() - t0
+                task = sched.claim("gpu")
+                if task is None:
+                    break
+                self._maybe_fault("gpu_task")
+                t0 = time.perf_counter()
+                entry = cache.entries.get(task.chunk)
+                if entry is None:
+                    entry = self._copy_in(task.chunk, sched.demand(), batch)
+                    self._count("chunk_misses", 1)
+                else:
+                    self._count("chunk_hits", 1)
+                if cuda and entry.ready is not None:
+                    compute.wait_event(entry.ready)
+                qlo, qhi = batch.queue(task, dev, self)
+                task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                cache.tick += 1
+                entry.tick = cache.tick
+                if cuda:
+                    entry.last_use = torch.cuda.Event()
+                    entry.last_use.record(compute)
+                    inflight.append(entry.last_use)
+                self._count("queries_gpu", task.size)
+                tm["gpu_issue"] += time.perf_counter() - t0
+        finally:
+            for ev in inflight:
+                ev.synchronize()
+
+    def _copy_in(self, chunk: _Chunk, demand: dict, batch: "_Batch") -> _Entry:
+        """Places ``chunk`` in the cache: a slot (evicting by the policy), then the copy on the copy stream, after
+        the last lookups that read the slot's space."""
+        cache = self._cache
+        host = self._host(chunk)
+        fresh = cache.arena.buf is None
+        buf = cache.arena.storage()
+        if fresh and self.device.type == "cuda":
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the arena was made on compute
+        off, evicted = cache.make_room(chunk, demand)
+        if off is None:
+            raise RuntimeError(f"ChunkedIndex: chunk of {chunk.nbytes} bytes does not fit gpu_budget={cache.budget}")
+        self._count("evictions", evicted)
+        slot = buf[off : off + chunk.nbytes]
+        ready = None
+        if self.device.type == "cuda":
+            copy = self._copy_stream
+            for ev in cache.arena.events_over(off, _align(chunk.nbytes)):
+                copy.wait_event(ev)
+            start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(copy):
+                start.record(copy)
+                slot.copy_(host, non_blocking=True)
+                ready.record(copy)
+            batch.copies.append((start, ready, chunk.nbytes))
+        else:
+            t0 = time.perf_counter()
+            slot.copy_(host)
+            batch.cpu_copy_time += time.perf_counter() - t0
+            batch.cpu_copy_bytes += chunk.nbytes
+        self._count("bytes_copied", chunk.nbytes)
+        entry = _Entry(chunk, off, self._view(chunk, slot), ready=ready)
+        cache.entries[chunk] = entry
+        return entry
+
+    def _answer(self, view: _View, batch: "_Batch", qlo: torch.Tensor, qhi: torch.Tensor | None,
+                S: torch.device) -> tuple:
+        """One queue answered on device S with a chunk's structure there; row IDs are global."""
+        ops = _ops()
+        # The queues hold ordered keys already: the index's configuration for ordered queries (key type uint64).
+        args = (*view.index._lead, view.index._cfg_ordered, qlo, qhi)
+        if batch.form == "lookup":
+            first, count = ops.cgrx_lookup(*args)
+            return "first", view.global_first(first), count
+        if batch.form == "aggregate" and batch.values.device == S:
+            local = batch.values.index_select(0, view.all_rows()) if view.l2g.numel() else batch.values[:0]
+            return ("agg", *ops.cgrx_aggregate(*args, local))
+        offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
+        return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
+
+    def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
+        """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
+        if any(not t.result for t in tasks):
+            raise RuntimeError("ChunkedIndex: a queue was left unserved (internal scheduler error)")
+        if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
+            first = torch.full((q,), -1, dtype=torch.int64, device=D)
+            count = torch.zeros(q, dtype=torch.int64, device=D)
+            for t in tasks:
+                idx = sq[t.start : t.start + t.size]
+                f, c = (x.to(D) for x in t.result[1:])
+                first.index_copy_(0, idx, f)
+                count.index_copy_(0, idx, c)
+            return first, count
+        if form == "lookup":
+            first = torch.full((q,), I64_MAX, dtype=torch.int64, device=D)
+            count = torch.zeros(q, dtype=torch.int64, device=D)
+            for t in tasks:
+                f, c = (x.to(D) for x in t.result[1:])
+                idx = sq[t.start : t.start + t.size]
+                first.scatter_reduce_(0, idx, torch.where(f >= 0, f, I64_MAX), "amin")
+                count.index_add_(0, idx, c)
+            return torch.where(first == I64_MAX, -1, first), count
+        if form == "aggregate":
+            sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
+            count = torch.zeros(q, dtype=torch.int64, device=D)
+            total = torch.zeros(q, dtype=sum_dtype, device=D)
+            for t in tasks:
+                idx = sq[t.start : t.start + t.size]
+                a, b = (x.to(D) for x in t.result[1:])
+                if t.result[0] == "csr":  # the values were on another device than the chunk: sum them here
+                    per = a[1:] - a[:-1]
+                    count.index_add_(0, idx, per)
+                    owner = torch.repeat_interleave(idx, per, output_size=b.numel())
+                    total.index_add_(0, owner, values.index_select(0, b).to(sum_dtype))
+                else:
+                    count.index_add_(0, idx, a)
+                    total.index_add_(0, idx, b.to(sum_dtype))
+            return count, total
+        # CSR: piece p's rows go to piece_start[p]; a query's pieces are consecutive (query-major piece order)
+        per_piece = torch.zeros(P, dtype=torch.int64, device=D)
+        results = []
+        for t in tasks:
+            off, rows = (x.to(D) for x in t.result[1:])
+            pid = order[t.start : t.start + t.size]
+            per_piece.index_copy_(0, pid, off[1:] - off[:-1])
+            results.append((pid, off, rows))
+        piece_start = torch.cumsum(per_piece, 0) - per_piece
+        per_query = per_piece if piece_q is None else torch.zeros(q, dtype=torch.int64, device=D).index_add_(
+            0, piece_q, per_piece)
+        offsets = torch.zeros(q + 1, dtype=torch.int64, device=D)
+        torch.cumsum(per_query, 0, out=offsets[1:])
+        total = sum(r[2].numel() for r in results)
+        out_rows = torch.empty(total, dtype=torch.int64, device=D)
+        for pid, off, rows in results:
+            if rows.numel():
+                per = off[1:] - off[:-1]
+                shift = torch.repeat_interleave(piece_start.index_select(0, pid) - off[:-1], per, output_size=rows.numel())
+                out_rows.index_copy_(0, shift + torch.arange(rows.numel(), device=D), rows)
+        return offsets, out_rows
+
+    def _learn_rates(self, batch: "_Batch") -> None:
+        """Updates the measured CPU lookup rate and copy rate (the automatic critical mass): the first
+        measurement replaces the guess, later ones are averaged in (half weight each batch)."""
+        if batch.cpu_queries >= 1024 and batch.cpu_time > 0:
+            rate = batch.cpu_queries / batch.cpu_time
+            self._cpu_rate = 0.5 * self._cpu_rate + 0.5 * rate if self._measured["cpu"] else rate
+            self._measured["cpu"] = True
+        copied, seconds = batch.cpu_copy_bytes, batch.cpu_copy_time
+        for start, end, nbytes in batch.copies:
+            end.synchronize()
+            copied += nbytes
+            seconds += start.elapsed_time(end) / 1e3
+        if copied >= 1 << 20 and seconds > 0:
+            rate = copied / seconds
+            self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
+            self._measured["copy"] = True
+        self._stats["time_s"]["copy"] += seconds
+        self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
+
+    # ------------------------------------------------------------------------------------------------ updates
+    def _side(self, keys, rows, what: str):
+        if keys is None:
+            keys = torch.empty(0, dtype=self.key_dtype)
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"{what} keys must be a torch.Tensor, got {type(keys).__name__}")
+        check_key_tensor(keys, f"{what} keys", dtype=self.key_dtype, device=keys.device)
+        if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
+            raise ValueError(f"{what} keys contain NaN, which has no place in a key order; drop or replace those rows")
+        ordered = self._map(keys).cpu()
+        if rows is not None:
+            if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.numel() != keys.numel():
+                raise ValueError(f"{what} rows must be a 1-D tensor with one row ID per key")
+            if rows.dtype.is_floating_point or rows.dtype == torch.bool:
+                raise TypeError(f"{what} rows must be an integer tensor, got {rows.dtype}")
+            rows = rows.to("cpu", torch.int64)
+            if rows.numel() and bool((rows < 0).any()):
+                raise ValueError(f"{what} rows must be row IDs >= 0")
+        return ordered, rows
+
+    def update(self, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tensor | None = None,
+               delete_keys: torch.Tensor | None = None, delete_rows: torch.Tensor | None = None) -> UpdateResult:
+        """One batch of insertions and deletions of (key, row ID) pairs: the index becomes (index + insertions)
+        - deletions, as multisets, with :meth:`UpdatableCgRXIndex.update`'s semantics and counts (a deletion with
+        a row ID removes one such pair, without row IDs every pair of its key; insertions without row IDs get the
+        next free row IDs, returned as ``rows``; row IDs are int64 >= 0).
+
+        Every chunk the batch touches is rebuilt (module doc); the new chunks replace the old ones only after all
+        were built. All-or-nothing: on any error (bad input, out of memory) the index is unchanged.
+        """
+        ik, ir = self._side(insert_keys, insert_rows, "insert")
+        dk, dr = self._side(delete_keys, delete_rows, "delete")
+        n_ins = ik.numel()
+        fresh = ir is None
+        if fresh:
+            ir = torch.arange(self._next_row, self._next_row + n_ins, dtype=torch.int64)
+        ci, cd = self._chunk_of(ik), self._chunk_of(dk)
+        touched = torch.unique(torch.cat([ci, cd])).tolist()
+        T = self._chunk_keys()
+        W = self._work_device(ik)  # chunks are rebuilt where the build sorts (the GPU where there is one)
+        removed = absent = 0
+        replace: dict[int, list[_Chunk]] = {}
+        for c in touched:
+            chunk = self._chunks[c]
+            keys, rows = self._decode(chunk)
+            mi, md = ci == c, cd == c
+            allk, allr = torch.cat([keys, ik[mi]]), torch.cat([rows, ir[mi]])
+            del_k = dk[md]
+            if dr is None:
+                gone = torch.isin(allk, del_k)
+                absent += int((~torch.isin(del_k, allk)).sum())
+                removed += int(gone.sum())
+            else:
+                gone, r_rm, r_abs = _remove_pairs(allk, allr, del_k, dr[md])
+                removed, absent = removed + r_rm, absent + r_abs
+            keep = ~gone
+            allk, allr = allk[keep], allr[keep]
+            replace[c] = self._rebuilt(chunk, allk.to(W), allr.to(W), T)
+        if W.type == "cuda":
+            torch.cuda.current_stream(W).synchronize()  # the new blobs were copied out asynchronously
+        self._maybe_fault("commit")
+        # ---- commit: nothing above changed the index
+        new_chunks: list[_Chunk] = []
+        for c, chunk in enumerate(self._chunks):
+            new_chunks.extend(replace.get(c, [chunk]))
+        if len(new_chunks) > 1:
+            nonempty = [ch for ch in new_chunks if ch.n]
+            new_chunks = nonempty or new_chunks[:1]
+        if self._cache is not None:
+            for c in replace:
+                if self._chunks[c] in self._cache:
+                    self._cache.evict(self._chunks[c])
+        self._set_chunks(new_chunks)
+        self._n += n_ins - removed
+        if fresh:
+            self._next_row += n_ins
+        elif ir.numel():
+            self._next_row = max(self._next_row, int(ir.max()) + 1)
+        if n_ins or removed:
+            self._rows_are_positions = False
+        self._hot = None  # its answers may be stale now
+        self._check_budget_after_update()
+        rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
+        return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=rows_out)
+
+    def _rebuilt(self, chunk: _Chunk, keys: torch.Tensor, rows: torch.Tensor, T: int) -> list[_Chunk]:
+        """The chunk (range start kept) over new pairs, split into chunks of about T keys (between distinct
+        keys) when it holds more than 2T."""
+        if keys.numel() <= 2 * T:
+            return [self._build_chunk(keys, rows, chunk.lo)]
+        flipped = keys ^ TOP
+        by_row = torch.sort(rows, stable=True).indices
+        sf, perm = torch.sort(flipped.index_select(0, by_row), stable=True)
+        pos = rows.index_select(0, by_row).index_select(0, perm)
+        out: list[_Chunk] = []
+        self._cut(sf, pos, T, True, out)
+        out[0].lo = chunk.lo
+        return out
+
+    def _check_budget_after_update(self) -> None:
+        if self._cache is not None and max(_align(c.nbytes) for c in self._chunks) > self._cache.budget:
+            # A run of equal keys outgrew the budget: its queues are answered by the CPU (never an error here, the
+            # update is done); say so once.
+            self._stats["oversized_chunks"] = sum(_align(c.nbytes) > self._cache.budget for c in self._chunks)
+
+    def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
+        """Inserts keys (row IDs given, or the next free ones)."""
+        return self.update(insert_keys=keys, insert_rows=rows)
+
+    def delete(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
+        """Deletes (key, row ID) pairs, or every pair of each key when rows is None."""
+        return self.update(delete_keys=keys, delete_rows=rows)
+
+    # --------------------------------------------------------------------------------------- save and open
+    def save(self, directory: str | os.PathLike) -> None:
+        """Writes the index to ``directory`` as a new generation (one file per chunk, a manifest with their sizes
+        and CRC-32), then switches ``CURRENT`` to it atomically; keeps the previous generation for readers that
+        have it open, removes older ones. Chunks unchanged since they were read from or written to this directory
+        are hard-linked, not rewritten."""
+        directory = os.fspath(directory)
+        os.makedirs(directory, exist_ok=True)
+        gens = _generations(directory)
+        g = (max(gens) + 1) if gens else 1
+        name = f"gen-{g:06d}"
+        tmp = os.path.join(directory, name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        entries, files = [], []
+        for i, chunk in enumerate(self._chunks):
+            fname = f"chunk-{i:06d}.bin"
+            path = os.path.join(tmp, fname)
+            if chunk.file is not None and os.path.exists(chunk.file["path"]):
+                try:
+                    os.link(chunk.file["path"], path)
+                except OSError:
+                    shutil.copyfile(chunk.file["path"], path)
+                crc = chunk.file["crc32"]
+            else:
+                crc = _write_chunk_file(path, self._host(chunk))
+            entries.append({"file": f"{name}/{fname}", "size": chunk.nbytes, "crc32": crc, "n": chunk.n,
+                            "lo": chunk.lo, "base": chunk.base, "kmin": chunk.kmin, "kmax": chunk.kmax,
+                            "specs": chunk.specs})
+            files.append((chunk, fname, crc))
+        manifest = {
+            "format": _FORMAT, "version": _VERSION, "generation": g, "key_type": self.key_type,
+            "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
+            "rows_are_positions": self._rows_are_positions, "chunk_bytes": self.chunk_bytes,
+            "bucket_size": self.bucket_size, "layout": self.layout, "backend": self.backend, "chunks": entries,
+        }
+        _fsync_dir(tmp)
+        os.replace(tmp, os.path.join(directory, name))
+        _atomic_write(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
+        _atomic_write(os.path.join(directory, "CURRENT"), (name + ".json\n").encode())
+        for chunk, fname, crc in files:
+            chunk.file = {"path": os.path.join(directory, name, fname), "size": chunk.nbytes, "crc32": crc}
+        for old in gens:
+            if old < g - 1:
+                shutil.rmtree(os.path.join(directory, f"gen-{old:06d}"), ignore_errors=True)
+                try:
+                    os.remove(os.path.join(directory, f"gen-{old:06d}.json"))
+                except FileNotFoundError:
+                    pass
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
+             device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,
+             eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
+             hot_sample: int = 1 << 20) -> "ChunkedIndex":
+        """The index saved in ``directory`` (its current generation), without a rebuild: chunk files are read
+        lazily, on first use, and checked then (size and CRC-32)."""
+        directory = os.fspath(directory)
+        try:
+            with open(os.path.join(directory, "CURRENT")) as f:
+                mpath = os.path.join(directory, f.read().strip())
+            with open(mpath) as f:
+                m = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{directory} holds no readable ChunkedIndex (CURRENT and its manifest): {e}") from e
+        if m.get("format") != _FORMAT or m.get("version") != _VERSION:
+            raise ValueError(f"{mpath} is not a {_FORMAT} manifest of version {_VERSION}")
+        self = cls.__new__(cls)
+        self._configure(key_type=m["key_type"], key_dtype=getattr(torch, m["key_dtype"]), chunk_bytes=m["chunk_bytes"],
+                        gpu_budget=gpu_budget, device=device, bucket_size=m["bucket_size"], layout=m["layout"],
+                        backend=m["backend"], processors=processors, critical_mass=critical_mass, eviction=eviction,
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
+        chunks = []
+        for e in m["chunks"]:
+            file = {"path": os.path.join(directory, e["file"]), "size": e["size"], "crc32": e["crc32"]}
+            chunks.append(_Chunk(e["lo"], e["n"], e["base"], e["kmin"], e["kmax"], e["specs"], e["size"], None, file))
+        self._set_chunks(chunks)
+        self._n, self._next_row, self._rows_are_positions = m["n"], m["next_row"], m["rows_are_positions"]
+        self._setup_tiers()
+        return self
+
+    # -------------------------------------------------------------------------------------------- reporting
+    def reset_stats(self) -> None:
+        """Zeroes the counters of :meth:`stats`."""
+        self._stats_lock = threading.Lock()
+        old = getattr(self, "_stats", {}).get("time_s", {}).get("build")
+        self._stats = {
+            "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "queries_gpu": 0, "queries_cpu": 0, "chunk_hits": 0,
+            "chunk_misses": 0, "evictions": 0, "bytes_copied": 0, "disk_loads": 0, "bytes_loaded": 0,
+            "critical_mass": None, "cpu_rate": None, "copy_rate": None,
+            "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
+                       "load": 0.0, "hot": 0.0, "total": 0.0},
+        }
+        if old is not None:
+            self._stats["time_s"]["build"] = old
+
+    def _count(self, name: str, amount: int) -> None:
+        with self._stats_lock:
+            self._stats[name] += amount
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
+        one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
+        GPU's queues, evictions, bytes copied into the cache and read from disk, the critical mass and measured
+        rates of the last batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
+        timed on the copy stream, merge, disk loads, total, and the build), and the cache's current contents."""
+        s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
+        s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
+        s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
+        s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._chunks)
+        return s
+
+    def memory(self) -> dict[str, int]:
+        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's reservation on ``device``
+        and the hot-key tier."""
+        return {
+            "host": sum(c.nbytes for c in self._chunks if c.host is not None),
+            "chunks": sum(c.nbytes for c in self._chunks),
+            "cache": 0 if self._cache is None or self._cache.arena.buf is None else self._cache.budget,
+            "hot": 0 if self._hot is None else sum(t.nbytes for t in self._hot),
+        }
+
+    def chunk_info(self) -> list[dict[str, Any]]:
+        """Per chunk: keys, bytes, first ordered key of its range, whether it is loaded and cached."""
+        return [{"n": c.n, "bytes": c.nbytes, "lo": c.lo, "loaded": c.host is not None,
+                 "cached": self._cache is not None and c in self._cache} for c in self._chunks]
+
+    def __repr__(self) -> str:
+        return (f"ChunkedIndex(keys={self._n}, key_type={self.key_type}, chunks={len(self._chunks)}, "
+                f"device={self.device}, gpu_budget={self.gpu_budget}, bytes={sum(c.nbytes for c in self._chunks)})")
+
+
+@dataclass
+class _Batch:
+    """One batch's partitioned queries and what its processors measured."""
+
+    form: str
+    s_lo: torch.Tensor
+    s_hi: torch.Tensor | None
+    values: torch.Tensor | None
+    D: torch.device
+    part_event: Any
+    copies: list = field(default_factory=list)
+    cpu_queries: int = 0
+    cpu_time: float = 0.0
+    cpu_copy_bytes: int = 0
+    cpu_copy_time: float = 0.0
+
+    def queue(self, task: _Task, S: torch.device, index: ChunkedIndex) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The task's queries on the serving device S."""
+        a, b = task.start, task.start + task.size
+        lo = self.s_lo[a:b]
+        hi = None if self.s_hi is None else self.s_hi[a:b]
+        if S == self.D:
+            return lo, hi
+        if self.D.type == "cuda":  # to the CPU worker: on its own stream, after the partition
+            io = index._io_stream
+            with torch.cuda.stream(io):
+                io.wait_event(self.part_event)
+                out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                       for t in (lo, hi)]
+                io.synchronize()
+            return out[0], out[1]
+        return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _capacity(capacity: int) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+    if capacity < 0:
+        raise ValueError(f"capacity must be non-negative, got {capacity}")
+    return capacity
+
+
+def _capped(full: tuple[torch.Tensor, torch.Tensor], capacity: int) -> CappedMatches:
+    offsets, rows = full
+    out = torch.full((capacity,), -1, dtype=torch.int64, device=rows.device)
+    m = min(capacity, rows.numel())
+    out[:m] = rows[:m]
+    return CappedMatches(offsets, out, torch.tensor(rows.numel(), dtype=torch.int64, device=rows.device))
+
+
+def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
+    """For each element, how many earlier elements share its group id."""
+    order = torch.argsort(groups, stable=True)
+    sg = groups[order]
+    ranks = torch.empty_like(groups)
+    ranks[order] = torch.arange(groups.numel()) - torch.searchsorted(sg, sg)
+    return ranks
+
+
+def _remove_pairs(keys, rows, del_k, del_r) -> tuple[torch.Tensor, int, int]:
+    """Multiset deletion of (key, row) pairs: which of (keys, rows) go, how many, and how many deletions found
+    nothing (each deletion removes one copy)."""
+    gone = torch.zeros(keys.numel(), dtype=torch.bool)
+    if del_k.numel() == 0:
+        return gone, 0, 0
+    cand = torch.nonzero(torch.isin(keys, del_k)).reshape(-1)
+    pk, pr = keys[cand], rows[cand]
+    pairs = torch.stack([torch.cat([pk, del_k]), torch.cat([pr, del_r])], dim=1)
+    groups = torch.unique(pairs, dim=0, return_inverse=True)[1]
+    gp, gd = groups[: cand.numel()], groups[cand.numel() :]
+    G = int(groups.max()) + 1
+    present, wanted = torch.bincount(gp, minlength=G), torch.bincount(gd, minlength=G)
+    matched = torch.minimum(present, wanted)
+    gone[cand[_ranks_within(gp) < matched[gp]]] = True
+    return gone, int(matched.sum()), int((wanted - matched).sum())
+
+
+def _progress_bar(total: int, progress: bool | None):
+    class _Silent:
+        def update(self, n):
+            pass
+
+        def close(self):
+            pass
+
+    if progress is False:
+        return _Silent()
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return _Silent()
+    import sys
+
+    if progress is None and not sys.stderr.isatty():
+        return _Silent()
+    return tqdm(total=total, unit="key", unit_scale=True, desc="ChunkedIndex build", delay=3.0)
+
+
+def _generations(directory: str) -> list[int]:
+    out = []
+    for name in os.listdir(directory):
+        if name.startswith("gen-") and name.endswith(".json"):
+            try:
+                out.append(int(name[4:-5]))
+            except ValueError:
+                pass
+        elif name.startswith("gen-") and not name.endswith(".tmp") and name[4:].isdigit():
+            out.append(int(name[4:]))
+    return sorted(set(out))
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _write_chunk_file(path: str, blob: torch.Tensor) -> int:
+    """Header (magic, payload size) and the blob; returns the CRC-32 of the whole file."""
+    header = _MAGIC + blob.numel().to_bytes(8, "little")
+    data = memoryview(blob.numpy())
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return zlib.crc32(data, zlib.crc32(header))
+
+
+def _read_chunk_file(file: dict | None, size: int, pin: bool) -> torch.Tensor:
+    if file is None:
+        raise RuntimeError("ChunkedIndex: a chunk has neither a host copy nor a file (internal error)")
+    path = file["path"]
+    try:
+        actual = os.path.getsize(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"ChunkedIndex chunk file {path} is gone (the directory was saved over at least twice since this index "
+            "was opened, or files were removed); open the directory again"
+        ) from None
+    if actual != size + 16:
+        raise ValueError(f"ChunkedIndex chunk file {path} is truncated or corrupt: {actual} bytes, expected {size + 16}")
+    buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+    with open(path, "rb") as f:
+        header = f.read(16)
+        got = f.readinto(memoryview(buf.numpy()))
+    if got != size or header[:8] != _MAGIC or int.from_bytes(header[8:], "little") != size:
+        raise ValueError(f"ChunkedIndex chunk file {path} is corrupt: bad header or short read")
+    crc = zlib.crc32(memoryview(buf.numpy()), zlib.crc32(header))
+    if crc != file["crc32"]:
+        raise ValueError(
+            f"ChunkedIndex chunk file {path} is corrupt: CRC-32 {crc:#010x}, the manifest says {file['crc32']:#010x}"
+        )
+    return buf
