@@ -1,0 +1,370 @@
+"""What every rank of the sharded-index tests runs (tests/test_sharded.py starts the processes).
+
+Every rank generates every rank's keys from one seed, so each can compute the answers of an independent
+reference (tests/reference.py: numpy over the concatenated original keys) for its own queries. Checks record
+failures instead of raising, so that every rank makes the same collective calls to the end; the failures are
+raised at the end, naming the rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import traceback
+
+import numpy as np
+import torch
+from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, range_queries
+from reference import Reference
+
+from torch_rtindex import CgRXIndex, IdToRow
+from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
+
+
+class Checker:
+    def __init__(self, rank: int):
+        self.rank, self.failures, self.scope = rank, [], ""
+
+    def ok(self, cond: bool, what: str) -> None:
+        if not cond:
+            self.failures.append(f"rank {self.rank} [{self.scope}] {what}")
+
+    def eq(self, got, want, what: str) -> None:
+        got = got.cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
+        want = want.cpu().numpy() if isinstance(want, torch.Tensor) else np.asarray(want)
+        self.ok(got.shape == want.shape and np.array_equal(got, want), f"{what}: got {got[:8]}.. want {want[:8]}..")
+
+    def close(self, got, want, what: str) -> None:
+        got, want = got.cpu().numpy(), np.asarray(want)
+        self.ok(got.shape == want.shape and np.allclose(got, want, rtol=1e-9, atol=1e-6), f"{what}: got {got[:8]} want {want[:8]}")
+
+    def raises(self, fn, what: str, must_name: str | None = None) -> None:
+        try:
+            fn()
+        except ShardedIndexError as e:
+            self.ok(must_name is None or must_name in str(e), f"{what}: message {str(e)!r} lacks {must_name!r}")
+            return
+        except Exception as e:  # noqa: BLE001
+            self.failures.append(f"rank {self.rank} [{self.scope}] {what}: raised {type(e).__name__}: {e}")
+            return
+        self.failures.append(f"rank {self.rank} [{self.scope}] {what}: did not raise")
+
+
+def split(keys: torch.Tensor, world: int, gen: torch.Generator, sizes: list[int] | None = None) -> list[torch.Tensor]:
+    if sizes is None:
+        cuts = torch.sort(torch.randint(0, keys.numel() + 1, (world - 1,), generator=gen)).values.tolist()
+        sizes = [b - a for a, b in zip([0] + cuts, cuts + [keys.numel()])]
+    return list(torch.split(keys, sizes))
+
+
+def key_sets(world: int, gen: torch.Generator, n: int = 150):
+    """(name, key_type, parts, max range width)."""
+    N = n * world
+    yield "uniform", "int64", split(int64_keys("uniform", N, gen), world, gen), 2**61
+    allk = int64_keys("uniform", N, gen)
+    yield "all_on_rank0", "int64", [allk] + [allk[:0]] * (world - 1), 2**62
+    dense = int64_keys("dense", N, gen)
+    yield "last_rank_empty", "int64", split(dense, world, gen, [N // (world - 1)] * (world - 2) + [N - N // (world - 1) * (world - 2), 0]), 40
+    heavy = torch.cat([torch.full((N // 2,), 5), torch.randint(-20, 20, (N // 2,), generator=gen), torch.tensor([I64_MIN, I64_MAX, -1, 0])])
+    yield "duplicates", "int64", split(heavy[torch.randperm(heavy.numel(), generator=gen)], world, gen), 6
+    yield "dup_runs", "int64", split(int64_keys("duplicates", N, gen), world, gen), 2**60
+    for kt in ("int32", "float32", "float64", "uint64"):
+        yield kt, kt, split(keys_of_type(kt, N, gen), world, gen), {"int32": 2**28, "uint64": 2**62}.get(kt, 1e6)
+
+
+def ref_ranges(ref: Reference, lo, hi, key_type):
+    """(first, count, rows in (key, row) order) per range."""
+    from reference import to_numpy
+
+    a, b = ref._bounds(to_numpy(lo, key_type), to_numpy(hi, key_type))
+    rows = [ref.rows[x:y] for x, y in zip(a, b)]
+    first = np.array([r.min() if len(r) else -1 for r in rows], dtype=np.int64)
+    return first, (b - a).astype(np.int64), rows
+
+
+def csr(rows) -> tuple[torch.Tensor, torch.Tensor]:
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.int64)
+    offsets = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    offsets[1:] = counts.cumsum(0)
+    flat = torch.from_numpy(np.concatenate(rows).astype(np.int64)) if rows else torch.zeros(0, dtype=torch.int64)
+    return offsets, flat
+
+
+def check_capped(ck: Checker, capped, full, capacity: int, what: str) -> None:
+    offsets, rows, total = (t.cpu() for t in capped)
+    f_off, f_rows = full
+    ck.eq(offsets, f_off, f"{what} offsets")
+    ck.ok(int(total) == f_rows.numel(), f"{what} total {int(total)} != {f_rows.numel()}")
+    m = min(capacity, f_rows.numel())
+    want = torch.cat([f_rows[:m], torch.full((capacity - m,), -1, dtype=torch.int64)])
+    ck.eq(rows, want, f"{what} rows")
+
+
+def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, parts, width, gen) -> None:
+    ck.scope = name
+    allk = torch.cat(parts)
+    mine = parts[rank].to(device)
+    kt = key_type if key_type == "uint64" else None
+    idx = ShardedIndex(mine, key_type=kt, sample_size=64)
+    ck.ok(len(idx) == allk.numel(), "len")
+    # Shards: nearly equal where the keys allow it (the heavy duplicate keys are one owner's).
+    sizes = [0] * world
+    sizes[rank] = idx.local_len()
+    ck.ok(sum(len(p) for p in parts) == allk.numel(), "parts")
+    ref = Reference(allk, key_type)
+    nq = [50, 0, 77, 13][rank % 4]
+    qgen = torch.Generator().manual_seed(1000 * rank + len(name))
+    q = point_queries(allk, nq, qgen)
+    lo, hi = range_queries(allk, nq, qgen, width)
+    qd, lod, hid = q.to(device), lo.to(device), hi.to(device)
+
+    first, count, rows = ref.points(q)
+    r = idx.lookup(qd)
+    ck.eq(r.first_row, first, "lookup first_row")
+    ck.eq(r.count, count, "lookup count")
+    m = idx.lookup_all(qd)
+    o, f = csr(rows)
+    ck.eq(m.offsets, o, "lookup_all offsets")
+    ck.eq(m.rows, f, "lookup_all rows")
+    for cap in (0, 5, 10_000):
+        check_capped(ck, idx.lookup_all_capped(qd, cap), (o, f), cap, f"lookup_all_capped({cap})")
+        fx = idx.lookup_all_capped(qd, cap, query_capacity=128)
+        ck.ok(not bool(fx.overflowed), "fixed lookup_all_capped overflowed")
+        check_capped(ck, fx.answer, (o, f), cap, f"lookup_all_capped({cap}, query_capacity)")
+    fx = idx.lookup_fixed(qd, 128)
+    ck.ok(not bool(fx.overflowed), "lookup_fixed overflowed")
+    ck.eq(fx.answer.first_row, first, "lookup_fixed first_row")
+    ck.eq(fx.answer.count, count, "lookup_fixed count")
+    fx = idx.lookup_fixed(qd, 1)  # too small: some rank sends two queries to one owner
+    ck.ok(bool(fx.overflowed), "lookup_fixed(1) did not overflow")
+    kept = fx.answer.count.cpu() >= 0
+    ck.eq(fx.answer.first_row.cpu()[kept], first[kept.numpy()], "lookup_fixed(1) kept answers")
+
+    rfirst, rcount, rrows = ref_ranges(ref, lo, hi, key_type)
+    r = idx.range_lookup(lod, hid)
+    ck.eq(r.first_row, rfirst, "range_lookup first_row")
+    ck.eq(r.count, rcount, "range_lookup count")
+    m = idx.range(lod, hid)
+    o, f = csr(rrows)
+    ck.eq(m.offsets, o, "range offsets")
+    ck.eq(m.rows, f, "range rows (key, row) order")
+    for cap in (0, 7, 100_000):
+        check_capped(ck, idx.range_capped(lod, hid, cap), (o, f), cap, f"range_capped({cap})")
+        fx = idx.range_capped(lod, hid, cap, query_capacity=128)
+        ck.ok(not bool(fx.overflowed), "fixed range_capped overflowed")
+        check_capped(ck, fx.answer, (o, f), cap, f"range_capped({cap}, query_capacity)")
+    fx = idx.range_lookup_fixed(lod, hid, 128)
+    ck.eq(fx.answer.first_row, rfirst, "range_lookup_fixed first_row")
+    ck.eq(fx.answer.count, rcount, "range_lookup_fixed count")
+
+    for vdtype in (torch.int64, torch.float64, torch.int32, torch.float32):
+        col = (torch.arange(allk.numel(), dtype=torch.float64) * 1.5 - 7).to(vdtype)
+        off = sum(p.numel() for p in parts[:rank])
+        vals = col[off:off + parts[rank].numel()].to(device)
+        for form, (a, b), rws in (("aggregate", (qd, None), rows), ("range_aggregate", (lod, hid), rrows)):
+            res = idx.aggregate(a, vals) if b is None else idx.range_aggregate(a, b, vals)
+            want = Reference.sums(rws, col)
+            ck.eq(res.count, [len(x) for x in rws], f"{form} count {vdtype}")
+            ck.close(res.sum, want, f"{form} sum {vdtype}")
+            fx = idx.aggregate_fixed(a, vals, 128) if b is None else idx.range_aggregate_fixed(a, b, vals, 128)
+            ck.close(fx.answer.sum, want, f"{form}_fixed sum {vdtype}")
+
+    # Shards from a gathered state and from per-rank states answer the same.
+    st = idx.gathered_state_dict()
+    ck.eq(st["rows"], torch.arange(allk.numel()), "gathered rows")
+    again = ShardedIndex.from_gathered_state(st, device=device)
+    ck.eq(again.range(lod, hid).rows, f, "from_gathered_state range")
+    buf = io.BytesIO()
+    torch.save(idx.state_dict(), buf)
+    buf.seek(0)
+    loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True))
+    ck.eq(loaded.lookup(qd).first_row, first, "from_state_dict lookup")
+
+
+def check_updates(ck: Checker, rank: int, world: int, device, seed: int) -> None:
+    """Random insert/delete batches against a multiset of (key, global row) pairs that every rank keeps."""
+    ck.scope = "updates"
+    gen = torch.Generator().manual_seed(seed)
+    key_space = torch.tensor(sorted({I64_MIN, I64_MAX, 0, -1, *range(-30, 30), *(2**40 + i for i in range(10))}))
+
+    def draw(n):
+        return key_space[torch.randint(0, key_space.numel(), (n,), generator=gen)]
+
+    parts = [draw(int(torch.randint(0, 60, (1,), generator=gen))) for _ in range(world)]
+    pairs = collections.Counter()
+    row = 0
+    for p in parts:
+        for k in p.tolist():
+            pairs[(k, row)] += 1
+            row += 1
+    idx = ShardedIndex(parts[rank].to(device), updatable=True, sample_size=32)
+    for step in range(6):
+        by_rows = step % 2 == 1
+        ins = [draw(int(torch.randint(0, 25, (1,), generator=gen))) for _ in range(world)]
+        dels, drows = [], []
+        live = sorted(pairs)
+        for r in range(world):
+            nd = int(torch.randint(0, 6, (1,), generator=gen))
+            if by_rows and live:
+                pick = [live[i] for i in torch.randint(0, len(live), (nd,), generator=gen).tolist()]
+                pick.append((12345, 0))  # absent pair
+                dels.append(torch.tensor([k for k, _ in pick], dtype=torch.int64))
+                drows.append(torch.tensor([x for _, x in pick], dtype=torch.int64))
+            else:
+                dels.append(draw(nd))
+                drows.append(None)
+        # The reference: insert first (fresh rows rank by rank), then delete.
+        before = sum(pairs.values())
+        new_rows = []
+        for r in range(world):
+            new_rows.append(torch.arange(row, row + ins[r].numel()))
+            for k, x in zip(ins[r].tolist(), new_rows[r].tolist()):
+                pairs[(k, x)] += 1
+            row += ins[r].numel()
+        for r in range(world):
+            if by_rows:
+                for k, x in set(zip(dels[r].tolist(), drows[r].tolist())):
+                    pairs.pop((k, x), None)
+            else:
+                for k in set(dels[r].tolist()):
+                    for pk in [p for p in pairs if p[0] == k]:
+                        del pairs[pk]
+        res = idx.update(insert_keys=ins[rank].to(device), delete_keys=dels[rank].to(device),
+                         delete_rows=drows[rank].to(device) if by_rows else None)
+        ck.eq(res.rows, new_rows[rank], f"step {step} inserted rows")
+        ck.ok(res.inserted == sum(i.numel() for i in ins), f"step {step} inserted count")
+        ck.ok(before + res.inserted - res.deleted == sum(pairs.values()), f"step {step} deleted {res.deleted}")
+        ck.ok(len(idx) == sum(pairs.values()), f"step {step} len {len(idx)} != {sum(pairs.values())}")
+        # Every key of the key space, from this rank's part of it: every (key, row) pair, as the multiset.
+        qs = key_space[rank::world].contiguous()
+        m = idx.lookup_all(qs.to(device))
+        got = collections.Counter()
+        offs, rws = m.offsets.cpu().tolist(), m.rows.cpu().tolist()
+        for i, k in enumerate(qs.tolist()):
+            for x in rws[offs[i]:offs[i + 1]]:
+                got[(k, x)] += 1
+        want = collections.Counter({p: c for p, c in pairs.items() if p[0] in set(qs.tolist())})
+        ck.ok(got == want, f"step {step} pairs differ: {sorted((got - want).items())[:4]} / {sorted((want - got).items())[:4]}")
+    # Aggregates over the updated index: values of each rank's contributed rows (build keys, then insertions).
+    contributed = idx.num_contributed()
+    vals = torch.ones(contributed, dtype=torch.int64, device=device)
+    qs = key_space[rank::world].contiguous().to(device)
+    agg = idx.aggregate(qs, vals)
+    ck.eq(agg.sum, idx.lookup(qs).count, "aggregate of ones = count after updates")
+    # The per-rank state of an updated index loads back.
+    back = ShardedIndex.from_state_dict(idx.state_dict())
+    ck.eq(back.lookup_all(qs).rows, idx.lookup_all(qs).rows, "updated state round trip")
+    st = idx.gathered_state_dict()
+    again = ShardedIndex.from_gathered_state(st, device=device, updatable=True)
+    ck.eq(again.lookup_all(qs).rows, idx.lookup_all(qs).rows, "updated gathered state")
+
+
+def check_errors(ck: Checker, rank: int, world: int, device) -> None:
+    """Bad input on one rank only: every rank raises, naming that rank; the index still answers afterwards."""
+    ck.scope = "errors"
+    keys = torch.arange(rank * 100, rank * 100 + 100, dtype=torch.int64, device=device)
+    idx = ShardedIndex(keys)
+    q = torch.arange(0, 100 * world, 7, device=device)
+    want = idx.lookup(q)
+    bad = world - 1
+    ck.raises(lambda: idx.lookup(q.to(torch.int32) if rank == bad else q), "wrong query dtype", f"rank {bad}")
+    ck.raises(lambda: idx.lookup(q.reshape(1, -1) if rank == bad else q), "2-D queries", f"rank {bad}")
+    ck.raises(lambda: idx.range(q, q[:-1] if rank == bad else q), "lo/hi lengths", "same length")
+    vals = torch.ones(100, device=device)
+    ck.raises(lambda: idx.aggregate(q, vals[:5] if rank == bad else vals), "short value column", "contributed")
+    ck.raises(lambda: idx.aggregate(q, vals.double() if rank == bad else vals), "value dtypes differ", "value dtype")
+    ck.raises(lambda: idx.lookup_fixed(q, 64 + (rank == bad)), "query_capacity differs", "query_capacity")
+    ck.raises(lambda: idx.lookup_all_capped(q, -1 if rank == bad else 4), "negative capacity", "capacity")
+    ck.raises(lambda: idx.insert(q), "update without updatable", "updatable")
+    ck.raises(lambda: idx.lookup(q) if rank == bad else idx.range(q, q), "mismatched calls", "different collective calls")
+    # Builds: another key type on one rank, NaN keys on one rank.
+    ck.raises(lambda: ShardedIndex(keys.to(torch.int32) if rank == bad else keys), "key dtypes differ", "key")
+    fk = torch.tensor([1.0, float("nan")] if rank == bad else [2.0], device=device)
+    ck.raises(lambda: ShardedIndex(fk), "NaN keys", "NaN")
+    ck.raises(lambda: ShardedIndex(keys, key_type="uint64" if rank == bad else None), "key types differ", "key type")
+    ck.raises(lambda: ShardedIndex.from_state_dict({"format": "x"} if rank == bad else idx.state_dict()), "bad state", f"rank {bad}")
+    after = idx.lookup(q)
+    ck.eq(after.first_row, want.first_row, "index still answers after the errors")
+    upd = ShardedIndex(keys, updatable=True)
+    ck.raises(lambda: upd.insert(torch.tensor([1.5], device=device) if rank == bad else keys[:3]), "bad insert dtype", "dtype")
+    ck.ok(len(upd) == 100 * world, "failed update changed nothing")
+    ck.eq(upd.lookup(q).first_row, want.first_row, "updatable index unchanged after a failed update")
+
+
+def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device) -> None:
+    """The fixed-capacity path (check=False) never turns a tensor into a Python number: any .item(), int(),
+    bool(), .tolist() or data-dependent shape would dispatch aten._local_scalar_dense or nonzero."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ck.scope = "no host sync"
+    seen = []
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if any(s in name for s in ("_local_scalar_dense", "nonzero", "masked_select", "unique", "item")):
+                seen.append(name)
+            return func(*args, **(kwargs or {}))
+
+    keys = torch.randint(-1000, 1000, (200,), generator=torch.Generator().manual_seed(rank)).to(device)
+    idx = ShardedIndex(keys)
+    q = torch.randint(-1100, 1100, (64,), generator=torch.Generator().manual_seed(9 + rank)).to(device)
+    want = idx.lookup(q)
+    wantr = idx.range_capped(q, q + 30, 500)
+    vals = torch.ones(200, dtype=torch.float64, device=device)
+    wanta = idx.range_aggregate(q, q + 30, vals)
+    with Spy():
+        a = idx.lookup_fixed(q, 64, check=False)
+        b = idx.range_capped(q, q + 30, 500, query_capacity=64) if False else None  # capped: checks run in eager
+        c = idx.range_aggregate_fixed(q, q + 30, vals, 64, check=False)
+        d = idx.range_lookup_fixed(q, q + 30, 64, check=False)
+    ck.ok(not seen, f"host synchronizations in the fixed path: {sorted(set(seen))}")
+    ck.eq(a.answer.first_row, want.first_row, "fixed lookup under the spy")
+    ck.close(c.answer.sum, wanta.sum.cpu().numpy(), "fixed range_aggregate under the spy")
+    ck.eq(d.answer.count, wanta.count, "fixed range_lookup under the spy")
+    del b, wantr
+
+
+def check_id_to_row(ck: Checker, rank: int, world: int, device) -> None:
+    ck.scope = "IdToRow"
+    ids = (torch.arange(50, dtype=torch.int64) * world + rank) * 1000003  # rank r holds rows r*50 .. r*50+49
+    m = IdToRow(ids.to(device), index="sharded", miss="minus_one")
+    q = torch.tensor([0, 1000003 * (world + 1), 5, 1000003 * 3], dtype=torch.int64)
+    got = m(q.to(device).reshape(2, 2))
+    allids = torch.cat([(torch.arange(50) * world + r) * 1000003 for r in range(world)])
+    want = [int((allids == v).nonzero()[0]) if bool((allids == v).any()) else -1 for v in q.tolist()]
+    ck.eq(got.reshape(-1), want, "IdToRow over a sharded index")
+
+
+def check_profile(ck: Checker, rank: int, world: int, device) -> None:
+    ck.scope = "stats"
+    idx = ShardedIndex(torch.arange(rank, 1000, world, device=device), profile=True)
+    idx.lookup(torch.arange(0, 1000, 3, device=device))
+    s = idx.stats()
+    ck.ok(all(k in s for k in ("partition_s", "exchange_s", "local_s", "return_s", "scatter_s")), f"stats keys {s}")
+    ck.ok(s["bytes_sent"] > 0 and s["bytes_sent_remote"] > 0 and s["bytes_received"] > 0, f"bytes {s}")
+    ck.ok(s["exchange_s"] >= 0 and s["local_s"] > 0, f"times {s}")
+
+
+def run(rank: int, world: int, seed: int = 0, quick: bool = False) -> None:
+    """Every check on this rank; raises AssertionError listing this rank's failures."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    ck = Checker(rank)
+    gen = torch.Generator().manual_seed(seed)
+    try:
+        for name, kt, parts, width in key_sets(world, gen):
+            if quick and name not in ("uniform", "all_on_rank0", "duplicates"):
+                continue
+            check_key_set(ck, rank, world, device, name, kt, parts, width, gen)
+        check_updates(ck, rank, world, device, seed + 1)
+        if not quick:
+            check_errors(ck, rank, world, device)
+            check_fixed_has_no_host_sync(ck, rank, world, device)
+            check_id_to_row(ck, rank, world, device)
+            check_profile(ck, rank, world, device)
+    except Exception:  # a bug that raised: report it with what was checked so far
+        ck.failures.append(f"rank {rank} [{ck.scope}] raised:\n{traceback.format_exc()}")
+    if ck.failures:
+        raise AssertionError(f"{len(ck.failures)} failed checks:\n" + "\n".join(ck.failures[:40]))
