@@ -100,17 +100,21 @@ def check_capped(ck: Checker, capped, full, capacity: int, what: str) -> None:
     ck.eq(rows, want, f"{what} rows")
 
 
-def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, parts, width, gen) -> None:
-    ck.scope = name
+def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, parts, width, gen, group=None) -> None:
+    ck.scope = f"{world} ranks, {name}"
     allk = torch.cat(parts)
     mine = parts[rank].to(device)
     kt = key_type if key_type == "uint64" else None
-    idx = ShardedIndex(mine, key_type=kt, sample_size=64)
+    idx = ShardedIndex(mine, key_type=kt, sample_size=64, group=group)
     ck.ok(len(idx) == allk.numel(), "len")
-    # Shards: nearly equal where the keys allow it (the heavy duplicate keys are one owner's).
-    sizes = [0] * world
-    sizes[rank] = idx.local_len()
-    ck.ok(sum(len(p) for p in parts) == allk.numel(), "parts")
+    # Shards: nearly equal wherever the keys allow it (in the duplicate sets one key is a large part of all).
+    import torch.distributed as dist
+
+    sizes: list = [None] * world
+    dist.all_gather_object(sizes, idx.local_len(), group=group)
+    ck.ok(sum(sizes) == allk.numel(), f"shard sizes {sizes} do not add up to {allk.numel()}")
+    if "dup" not in name:
+        ck.ok(max(sizes) <= 1.5 * allk.numel() / world + 8, f"unbalanced shards {sizes}")
     ref = Reference(allk, key_type)
     nq = [50, 0, 77, 13][rank % 4]
     qgen = torch.Generator().manual_seed(1000 * rank + len(name))
@@ -172,18 +176,18 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     # Shards from a gathered state and from per-rank states answer the same.
     st = idx.gathered_state_dict()
     ck.eq(st["rows"], torch.arange(allk.numel()), "gathered rows")
-    again = ShardedIndex.from_gathered_state(st, device=device)
+    again = ShardedIndex.from_gathered_state(st, device=device, group=group)
     ck.eq(again.range(lod, hid).rows, f, "from_gathered_state range")
     buf = io.BytesIO()
     torch.save(idx.state_dict(), buf)
     buf.seek(0)
-    loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True))
+    loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True), group=group)
     ck.eq(loaded.lookup(qd).first_row, first, "from_state_dict lookup")
 
 
-def check_updates(ck: Checker, rank: int, world: int, device, seed: int) -> None:
+def check_updates(ck: Checker, rank: int, world: int, device, seed: int, group=None) -> None:
     """Random insert/delete batches against a multiset of (key, global row) pairs that every rank keeps."""
-    ck.scope = "updates"
+    ck.scope = f"{world} ranks, updates"
     gen = torch.Generator().manual_seed(seed)
     key_space = torch.tensor(sorted({I64_MIN, I64_MAX, 0, -1, *range(-30, 30), *(2**40 + i for i in range(10))}))
 
@@ -197,7 +201,7 @@ def check_updates(ck: Checker, rank: int, world: int, device, seed: int) -> None
         for k in p.tolist():
             pairs[(k, row)] += 1
             row += 1
-    idx = ShardedIndex(parts[rank].to(device), updatable=True, sample_size=32)
+    idx = ShardedIndex(parts[rank].to(device), updatable=True, sample_size=32, group=group)
     for step in range(6):
         by_rows = step % 2 == 1
         ins = [draw(int(torch.randint(0, 25, (1,), generator=gen))) for _ in range(world)]
@@ -252,18 +256,18 @@ def check_updates(ck: Checker, rank: int, world: int, device, seed: int) -> None
     agg = idx.aggregate(qs, vals)
     ck.eq(agg.sum, idx.lookup(qs).count, "aggregate of ones = count after updates")
     # The per-rank state of an updated index loads back.
-    back = ShardedIndex.from_state_dict(idx.state_dict())
+    back = ShardedIndex.from_state_dict(idx.state_dict(), group=group)
     ck.eq(back.lookup_all(qs).rows, idx.lookup_all(qs).rows, "updated state round trip")
     st = idx.gathered_state_dict()
-    again = ShardedIndex.from_gathered_state(st, device=device, updatable=True)
+    again = ShardedIndex.from_gathered_state(st, device=device, updatable=True, group=group)
     ck.eq(again.lookup_all(qs).rows, idx.lookup_all(qs).rows, "updated gathered state")
 
 
-def check_errors(ck: Checker, rank: int, world: int, device) -> None:
+def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None:
     """Bad input on one rank only: every rank raises, naming that rank; the index still answers afterwards."""
-    ck.scope = "errors"
+    ck.scope = f"{world} ranks, errors"
     keys = torch.arange(rank * 100, rank * 100 + 100, dtype=torch.int64, device=device)
-    idx = ShardedIndex(keys)
+    idx = ShardedIndex(keys, group=group)
     q = torch.arange(0, 100 * world, 7, device=device)
     want = idx.lookup(q)
     bad = world - 1
@@ -278,25 +282,25 @@ def check_errors(ck: Checker, rank: int, world: int, device) -> None:
     ck.raises(lambda: idx.insert(q), "update without updatable", "updatable")
     ck.raises(lambda: idx.lookup(q) if rank == bad else idx.range(q, q), "mismatched calls", "different collective calls")
     # Builds: another key type on one rank, NaN keys on one rank.
-    ck.raises(lambda: ShardedIndex(keys.to(torch.int32) if rank == bad else keys), "key dtypes differ", "key")
+    ck.raises(lambda: ShardedIndex(keys.to(torch.int32) if rank == bad else keys, group=group), "key dtypes differ", "key")
     fk = torch.tensor([1.0, float("nan")] if rank == bad else [2.0], device=device)
-    ck.raises(lambda: ShardedIndex(fk), "NaN keys", "NaN")
-    ck.raises(lambda: ShardedIndex(keys, key_type="uint64" if rank == bad else None), "key types differ", "key type")
-    ck.raises(lambda: ShardedIndex.from_state_dict({"format": "x"} if rank == bad else idx.state_dict()), "bad state", f"rank {bad}")
+    ck.raises(lambda: ShardedIndex(fk, group=group), "NaN keys", "NaN")
+    ck.raises(lambda: ShardedIndex(keys, key_type="uint64" if rank == bad else None, group=group), "key types differ", "key type")
+    ck.raises(lambda: ShardedIndex.from_state_dict({"format": "x"} if rank == bad else idx.state_dict(), group=group), "bad state", f"rank {bad}")
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")
-    upd = ShardedIndex(keys, updatable=True)
+    upd = ShardedIndex(keys, updatable=True, group=group)
     ck.raises(lambda: upd.insert(torch.tensor([1.5], device=device) if rank == bad else keys[:3]), "bad insert dtype", "dtype")
     ck.ok(len(upd) == 100 * world, "failed update changed nothing")
     ck.eq(upd.lookup(q).first_row, want.first_row, "updatable index unchanged after a failed update")
 
 
-def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device) -> None:
+def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, group=None) -> None:
     """The fixed-capacity path (check=False) never turns a tensor into a Python number: any .item(), int(),
     bool(), .tolist() or data-dependent shape would dispatch aten._local_scalar_dense or nonzero."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    ck.scope = "no host sync"
+    ck.scope = f"{world} ranks, no host sync"
     seen = []
 
     class Spy(TorchDispatchMode):
@@ -307,7 +311,7 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device) -> 
             return func(*args, **(kwargs or {}))
 
     keys = torch.randint(-1000, 1000, (200,), generator=torch.Generator().manual_seed(rank)).to(device)
-    idx = ShardedIndex(keys)
+    idx = ShardedIndex(keys, group=group)
     q = torch.randint(-1100, 1100, (64,), generator=torch.Generator().manual_seed(9 + rank)).to(device)
     want = idx.lookup(q)
     wantr = idx.range_capped(q, q + 30, 500)
@@ -325,7 +329,7 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device) -> 
     del b, wantr
 
 
-def check_id_to_row(ck: Checker, rank: int, world: int, device) -> None:
+def check_id_to_row(ck: Checker, rank: int, world: int, device, group=None) -> None:
     ck.scope = "IdToRow"
     ids = (torch.arange(50, dtype=torch.int64) * world + rank) * 1000003  # rank r holds rows r*50 .. r*50+49
     m = IdToRow(ids.to(device), index="sharded", miss="minus_one")
@@ -336,9 +340,9 @@ def check_id_to_row(ck: Checker, rank: int, world: int, device) -> None:
     ck.eq(got.reshape(-1), want, "IdToRow over a sharded index")
 
 
-def check_profile(ck: Checker, rank: int, world: int, device) -> None:
-    ck.scope = "stats"
-    idx = ShardedIndex(torch.arange(rank, 1000, world, device=device), profile=True)
+def check_profile(ck: Checker, rank: int, world: int, device, group=None) -> None:
+    ck.scope = f"{world} ranks, stats"
+    idx = ShardedIndex(torch.arange(rank, 1000, world, device=device), profile=True, group=group)
     idx.lookup(torch.arange(0, 1000, 3, device=device))
     s = idx.stats()
     ck.ok(all(k in s for k in ("partition_s", "exchange_s", "local_s", "return_s", "scatter_s")), f"stats keys {s}")
@@ -346,26 +350,53 @@ def check_profile(ck: Checker, rank: int, world: int, device) -> None:
     ck.ok(s["exchange_s"] >= 0 and s["local_s"] > 0, f"times {s}")
 
 
-def run(rank: int, world: int, seed: int = 0, sets: tuple[str, ...] | None = None, extras: bool = True) -> None:
-    """The checks on this rank (the key sets named in ``sets``, all by default; the error, host-sync, IdToRow
-    and stats checks with ``extras``); raises AssertionError listing this rank's failures."""
+def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: bool) -> list[str]:
+    """The checks on this rank of ``group`` (the key sets named in ``sets``, all if None; the error, host-sync
+    and stats checks with ``extras``, and IdToRow where the group is the default one); returns the failures."""
     import torch.distributed as dist
 
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    ck = Checker(rank)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    ck = Checker(dist.get_rank())
     gen = torch.Generator().manual_seed(seed)
     try:
         for name, kt, parts, width in key_sets(world, gen):
             if sets is not None and name not in sets:
                 continue
-            check_key_set(ck, rank, world, device, name, kt, parts, width, gen)
-        check_updates(ck, rank, world, device, seed + 1)
+            check_key_set(ck, rank, world, device, name, kt, parts, width, gen, group)
+        check_updates(ck, rank, world, device, seed + 1, group)
         if extras:
-            check_errors(ck, rank, world, device)
-            check_fixed_has_no_host_sync(ck, rank, world, device)
-            check_id_to_row(ck, rank, world, device)
-            check_profile(ck, rank, world, device)
+            check_errors(ck, rank, world, device, group)
+            check_fixed_has_no_host_sync(ck, rank, world, device, group)
+            check_profile(ck, rank, world, device, group)
+            if group is None or group == dist.group.WORLD:
+                check_id_to_row(ck, rank, world, device, group)  # IdToRow(index="sharded") uses the default group
     except Exception:  # a bug that raised: report it with what was checked so far
-        ck.failures.append(f"rank {rank} [{ck.scope}] raised:\n{traceback.format_exc()}")
-    if ck.failures:
-        raise AssertionError(f"{len(ck.failures)} failed checks:\n" + "\n".join(ck.failures[:40]))
+        ck.failures.append(f"rank {dist.get_rank()} [{ck.scope}] raised:\n{traceback.format_exc()}")
+    return ck.failures
+
+
+def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
+    """``layout="world"``: every check on the default group. ``"2+3+4"`` (four processes; one process start for
+    three group sizes): two 2-rank groups side by side (ranks 0-1 every check, ranks 2-3 some key sets), then a
+    3-rank group (ranks 0-2), then all four ranks. Raises AssertionError listing this rank's failures."""
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    some = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
+    if layout == "world":
+        failures = check_group(None, device, seed, None, True)
+    else:
+        assert layout == "2+3+4" and world == 4
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        three = dist.new_group([0, 1, 2])
+        if rank < 2:
+            failures = check_group(pairs[0], device, seed, None, True)
+        else:
+            failures = check_group(pairs[1], device, seed + 10, some, False)
+        dist.barrier()
+        if rank < 3:
+            failures += check_group(three, device, seed + 20, some, True)
+        dist.barrier()
+        failures += check_group(None, device, seed + 30, ("uniform", "duplicates", "last_rank_empty", "int32"), True)
+    if failures:
+        raise AssertionError(f"{len(failures)} failed checks:\n" + "\n".join(failures[:40]))

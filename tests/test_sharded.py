@@ -17,26 +17,15 @@ from torch_rtindex.distributed import spawn
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 
-# Process start-up dominates: each group runs many checks. Two ranks: every key set and every extra check;
-# three and four ranks: the key sets where the shard layout matters most, and the updates.
-SOME = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
-
-
-def test_sharded_gloo_two_ranks():
-    spawn(sharded_worker.run, 2, 0, None, True, timeout_s=60, join_timeout_s=300)
-
-
-def test_sharded_gloo_three_ranks():
-    spawn(sharded_worker.run, 3, 1, SOME, True, timeout_s=60, join_timeout_s=300)
-
-
-def test_sharded_gloo_four_ranks():
-    spawn(sharded_worker.run, 4, 2, ("uniform", "duplicates", "last_rank_empty"), False, timeout_s=60, join_timeout_s=300)
+def test_sharded_gloo_two_three_four_ranks():
+    """Process start-up dominates the cost, so one group of four processes runs every check on 2-rank groups
+    (two side by side), a 3-rank group and all 4 ranks (sharded_worker.run, layout "2+3+4")."""
+    spawn(sharded_worker.run, 4, 0, "2+3+4", timeout_s=120, join_timeout_s=400)
 
 
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
 def test_sharded_nccl_two_gpus():
-    spawn(sharded_worker.run, 2, 0, None, True, backend="nccl", timeout_s=120, join_timeout_s=600)
+    spawn(sharded_worker.run, 2, 0, "world", backend="nccl", timeout_s=120, join_timeout_s=600)
 
 
 def test_import_does_not_load_torch_distributed_eagerly():
