@@ -44,3 +44,18 @@ def test_bench_cpu_smoke(tmp_path):
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert list(tmp_path.rglob("sharded_*.json")), out.stdout
+
+
+def test_readme_sharded_example(tmp_path):
+    """The README's two-process example, saved as a file and run as the README says."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    section = re.search(r"^## Sharded index\n(.*?)(?=^## )", text, flags=re.M | re.S).group(1)
+    code = re.findall(r"^```python\n(.*?)^```", section, flags=re.M | re.S)[0]
+    script = tmp_path / "sharded_example.py"
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
