@@ -126,6 +126,11 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     r = idx.lookup(qd)
     ck.eq(r.first_row, first, "lookup first_row")
     ck.eq(r.count, count, "lookup count")
+    idx.pipeline = 3  # chunks exchanged asynchronously, overlapping the local lookups
+    r = idx.lookup(qd)
+    ck.eq(r.first_row, first, "pipelined lookup first_row")
+    ck.eq(r.count, count, "pipelined lookup count")
+    idx.pipeline = 1
     m = idx.lookup_all(qd)
     o, f = csr(rows)
     ck.eq(m.offsets, o, "lookup_all offsets")
@@ -172,6 +177,10 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
             ck.close(res.sum, want, f"{form} sum {vdtype}")
             fx = idx.aggregate_fixed(a, vals, 128) if b is None else idx.range_aggregate_fixed(a, b, vals, 128)
             ck.close(fx.answer.sum, want, f"{form}_fixed sum {vdtype}")
+            if b is None:
+                idx.pipeline = 2
+                ck.close(idx.aggregate(a, vals).sum, want, f"pipelined aggregate sum {vdtype}")
+                idx.pipeline = 1
 
     # Shards from a gathered state and from per-rank states answer the same.
     st = idx.gathered_state_dict()
@@ -280,6 +289,9 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     ck.raises(lambda: idx.lookup_fixed(q, 64 + (rank == bad)), "query_capacity differs", "query_capacity")
     ck.raises(lambda: idx.lookup_all_capped(q, -1 if rank == bad else 4), "negative capacity", "capacity")
     ck.raises(lambda: idx.insert(q), "update without updatable", "updatable")
+    idx.pipeline = 2 if rank == bad else 1
+    ck.raises(lambda: idx.lookup(q), "pipeline differs", "pipeline")
+    idx.pipeline = 1
     ck.raises(lambda: idx.lookup(q) if rank == bad else idx.range(q, q), "mismatched calls", "different collective calls")
     # Builds: another key type on one rank, NaN keys on one rank.
     ck.raises(lambda: ShardedIndex(keys.to(torch.int32) if rank == bad else keys, group=group), "key dtypes differ", "key")
@@ -329,6 +341,20 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, gro
     del b, wantr
 
 
+def check_compiles(ck: Checker, rank: int, world: int, device, group=None) -> None:
+    """lookup_fixed traces into one graph: torch.compile(fullgraph=True), collectives included."""
+    ck.scope = f"{world} ranks, torch.compile"
+    keys = torch.arange(rank * 100, rank * 100 + 100, device=device)
+    idx = ShardedIndex(keys, group=group)
+    q = torch.arange(0, 100 * world + 50, 3, device=device)
+    want = idx.lookup(q)
+    fn = torch.compile(lambda x: idx.lookup_fixed(x, q.numel(), check=False), fullgraph=True)
+    got = fn(q)
+    ck.ok(not bool(got.overflowed), "compiled lookup_fixed overflowed")
+    ck.eq(got.answer.first_row, want.first_row, "compiled lookup_fixed first_row")
+    ck.eq(got.answer.count, want.count, "compiled lookup_fixed count")
+
+
 def check_id_to_row(ck: Checker, rank: int, world: int, device, group=None) -> None:
     ck.scope = "IdToRow"
     ids = (torch.arange(50, dtype=torch.int64) * world + rank) * 1000003  # rank r holds rows r*50 .. r*50+49
@@ -350,7 +376,7 @@ def check_profile(ck: Checker, rank: int, world: int, device, group=None) -> Non
     ck.ok(s["exchange_s"] >= 0 and s["local_s"] > 0, f"times {s}")
 
 
-def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: bool) -> list[str]:
+def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: bool, compile: bool = False) -> list[str]:
     """The checks on this rank of ``group`` (the key sets named in ``sets``, all if None; the error, host-sync
     and stats checks with ``extras``, and IdToRow where the group is the default one); returns the failures."""
     import torch.distributed as dist
@@ -368,6 +394,8 @@ def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: 
             check_errors(ck, rank, world, device, group)
             check_fixed_has_no_host_sync(ck, rank, world, device, group)
             check_profile(ck, rank, world, device, group)
+        if compile:
+            check_compiles(ck, rank, world, device, group)
             if group is None or group == dist.group.WORLD:
                 check_id_to_row(ck, rank, world, device, group)  # IdToRow(index="sharded") uses the default group
     except Exception:  # a bug that raised: report it with what was checked so far
@@ -384,13 +412,13 @@ def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     some = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
     if layout == "world":
-        failures = check_group(None, device, seed, None, True)
+        failures = check_group(None, device, seed, None, True, compile=True)
     else:
         assert layout == "2+3+4" and world == 4
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         three = dist.new_group([0, 1, 2])
         if rank < 2:
-            failures = check_group(pairs[0], device, seed, None, True)
+            failures = check_group(pairs[0], device, seed, None, True, compile=True)
         else:
             failures = check_group(pairs[1], device, seed + 10, some, False)
         dist.barrier()

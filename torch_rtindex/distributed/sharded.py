@@ -89,9 +89,10 @@ class _Stages:
 
     NAMES = ("partition", "exchange", "local", "return", "scatter")
 
-    def __init__(self, op: str, on: bool, device: torch.device, rank: int):
+    def __init__(self, op: str, on: bool, device: torch.device, rank: int, check_s: float = 0.0):
         self.on, self.device, self.rank = on, device, rank
-        self.stats: dict[str, Any] = {"op": op, **{f"{n}_s": 0.0 for n in self.NAMES}, "bytes_sent": 0,
+        self.stats: dict[str, Any] = {"op": op, "check_s": check_s if on else 0.0,
+                                      **{f"{n}_s": 0.0 for n in self.NAMES}, "bytes_sent": 0,
                                       "bytes_sent_remote": 0, "bytes_received": 0}
         self._t = self._now() if on else 0.0
 
@@ -136,6 +137,9 @@ class ShardedIndex:
         updatable: whether :meth:`update` / :meth:`insert` / :meth:`delete` are wanted (default local index
             :class:`~torch_rtindex.UpdatableCgRXIndex`).
         sample_size: keys per rank sampled to choose the splitters.
+        pipeline: split the point lookups of :meth:`lookup` and :meth:`aggregate` into this many chunks whose
+            exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no pipelining;
+            the same on every rank). The attribute may be changed between calls, on every rank alike.
         profile: record per-stage times (synchronizing the device between stages) for :meth:`stats`.
 
     Shards hold nearly equal numbers of keys whatever their distribution, except that all keys equal to one
@@ -158,9 +162,13 @@ class ShardedIndex:
         index_factory: Callable[..., Any] | None = None,
         updatable: bool = False,
         sample_size: int = 4096,
+        pipeline: int = 1,
         profile: bool = False,
     ) -> None:
         self._setup(group, index_factory, updatable, profile)
+        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+            raise ValueError(f"pipeline must be a positive int, got {pipeline!r}")
+        self.pipeline = pipeline
         if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
             raise ValueError(f"sample_size must be a positive int, got {sample_size!r}")
         self.sample_size = sample_size
@@ -180,6 +188,8 @@ class ShardedIndex:
         self.index_factory = index_factory or _default_factory(self.updatable)
         self.profile = bool(profile)
         self._calls = 0
+        self.pipeline = 1
+        self._check_s = 0.0
         self._last_stats: dict[str, Any] = {}
         self._values_cache: tuple | None = None
 
@@ -193,6 +203,7 @@ class ShardedIndex:
         """Runs the local checks, then shares every rank's header; raises :class:`ShardedIndexError` on every
         rank if any rank's checks failed or the ranks called different operations. Returns the local checks'
         result and the gathered headers ([world][_HEAD + 2 * world + 4] ints): one host synchronization."""
+        t0 = time.perf_counter()
         result, err = None, None
         try:
             if validate is not None:
@@ -214,6 +225,7 @@ class ShardedIndex:
         dist.all_gather(gathered, mine, group=self.group)
         heads = torch.stack(gathered).tolist()
         self._calls += 1
+        self._check_s = time.perf_counter() - t0  # the header round trip (one host synchronization)
         failed = [r for r, h in enumerate(heads) if h[0]]
         if failed:
             msg = "" if err is None else f"{type(err).__name__}: {err}"
@@ -286,8 +298,7 @@ class ShardedIndex:
         self._splitters = self._choose_splitters(ordered, counts)
         owner = self._route(ordered)
         st.mark("partition")
-        order = torch.argsort(owner, stable=True)
-        send_splits = torch.bincount(owner, minlength=self.world)
+        order, send_splits = self._partition(owner)
         recv_splits = self._exchange_counts(send_splits)
         send_splits, recv_splits = send_splits.tolist(), recv_splits.tolist()
         payload = torch.stack([ordered[order], rows[order]], dim=1)
@@ -364,6 +375,12 @@ class ShardedIndex:
             chosen.append(j)
             last = j
         return distinct[torch.tensor(chosen)].to(device).contiguous()
+
+    def _partition(self, owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stable partition by owner: (order, counts), ``order[i]`` = the piece at send position i. Sorted as
+        int16 (int32 beyond 32767 ranks): a radix sort then makes 2 (4) passes instead of 8."""
+        narrow = owner.to(torch.int16 if self.world < 2**15 else torch.int32)
+        return torch.argsort(narrow, stable=True), torch.bincount(owner, minlength=self.world)
 
     def _route(self, ordered: torch.Tensor) -> torch.Tensor:
         """The rank owning each ordered key."""
@@ -444,8 +461,7 @@ class ShardedIndex:
     def _send_pieces(self, owner: torch.Tensor, cols: list[torch.Tensor], st: _Stages):
         """Dynamic exchange of pieces to their owners: (received [R, len(cols)], send order, send splits,
         receive splits)."""
-        order = torch.argsort(owner, stable=True)
-        send_counts = torch.bincount(owner, minlength=self.world)
+        order, send_counts = self._partition(owner)
         st.mark("partition")
         recv_counts = self._exchange_counts(send_counts)
         send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
@@ -470,8 +486,8 @@ class ShardedIndex:
         """The value column of the local rows, routed from the ranks that contributed them."""
         if cached:
             return self._values_cache[2]
-        order = torch.argsort(self._contrib_owner, stable=True)
-        send_splits = torch.bincount(self._contrib_owner, minlength=self.world).tolist()
+        order, send_splits = self._partition(self._contrib_owner)
+        send_splits = send_splits.tolist()
         got = self._a2a(values[order], send_splits, self._recv_totals, st)
         starts = torch.tensor([0] + self._recv_totals, device=self.device).cumsum(0)[:-1]
         local = got[starts[self._src] + self._seq] if self._src.numel() else got[:0]
@@ -494,18 +510,25 @@ class ShardedIndex:
             if op.endswith("aggregate"):
                 self._check_values(values)
 
-        _, heads = self._agree(op, validate, lambda _: [lo.numel(), cached], values_code=vcode)
-        st = _Stages(op, self.profile, self.device, self.rank)
+        _, heads = self._agree(op, validate, lambda _: [lo.numel(), cached, self.pipeline], values_code=vcode)
+        self._disagree(heads, _HEAD + 2, "pipeline", str)
+        st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
+        local_values = None
         if values is not None:
             self._disagree(heads, 5, "the value dtype", lambda v: str(_VALUE_DTYPES[v]) if v >= 0 else "?")
             local_values = self._route_values(values, st, all(h[_HEAD + 1] for h in heads))
         qlo, qhi = self._map_queries(lo, hi)
+        if hi is None and self.pipeline > 1:
+            out = self._pipelined(op, qlo, local_values, values.dtype if values is not None else None, st)
+            st.stats.update(queries=lo.numel(), pipelined=self.pipeline)
+            self._last_stats = st.stats
+            return out
         query, owner, plo, phi = self._pieces(qlo, qhi)
         cols = [plo] if hi is None else [plo, phi]
         got, order, send_splits, recv_splits = self._send_pieces(owner, cols, st)
         rlo = got[:, 0].contiguous()
         rhi = None if hi is None else got[:, 1].contiguous()
-        ans = self._local_per_query(op, rlo, rhi, local_values if values is not None else None)
+        ans = self._local_per_query(op, rlo, rhi, local_values)
         st.mark("local")
         back = self._a2a(ans, recv_splits, send_splits, st)
         st.mark("return")
@@ -525,6 +548,48 @@ class ShardedIndex:
         a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
         return torch.stack([a.count.to(torch.int64), s], dim=1)
+
+    def _pipelined(self, op: str, qlo: torch.Tensor, values: torch.Tensor | None, value_dtype, st: _Stages):
+        """Point lookups in ``self.pipeline`` chunks: every chunk's queries go out asynchronously at once; then
+        per chunk, wait for its queries, look them up, send the answers back asynchronously, so exchanges
+        overlap the local lookups of other chunks (on CUDA, NCCL runs them on its own stream)."""
+        n, C = qlo.numel(), self.pipeline
+        bounds = [n * i // C for i in range(C + 1)]
+        parts = []
+        for i in range(C):
+            c = qlo[bounds[i]:bounds[i + 1]]
+            order, counts = self._partition(self._route(c))
+            parts.append((c[order], order, counts))
+        st.mark("partition")
+        send_counts = torch.stack([p[2] for p in parts], dim=1).contiguous()  # row d: every chunk's count to rank d
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        sc, rc = send_counts.t().tolist(), recv_counts.t().tolist()  # [chunk][rank]
+        outgoing = []
+        for i in range(C):
+            got = parts[i][0].new_empty(sum(rc[i]))
+            work = dist.all_to_all_single(got, parts[i][0], rc[i], sc[i], group=self.group, async_op=True)
+            st.moved(parts[i][0], got, sc[i])
+            outgoing.append((got, work))
+        returns = []
+        for i in range(C):
+            got, work = outgoing[i]
+            work.wait()
+            ans = self._local_per_query(op, got, None, values)
+            back = ans.new_empty((sum(sc[i]), 2))
+            work = dist.all_to_all_single(back, ans, sc[i], rc[i], group=self.group, async_op=True)
+            st.moved(ans, back, rc[i])
+            returns.append((back, work, ans))  # ans stays referenced until its send is done
+        st.mark("local")  # exchanges, local lookups and returns, overlapped
+        outs = []
+        for i in range(C):
+            back, work, _ = returns[i]
+            work.wait()
+            q = torch.arange(bounds[i + 1] - bounds[i], device=self.device)
+            outs.append(self._combine(op, back, parts[i][1], q, q.numel(), value_dtype))
+        out = type(outs[0])(*(torch.cat([o[j] for o in outs]) for j in range(2)))
+        st.mark("scatter")
+        return out
 
     def _combine(self, op: str, back: torch.Tensor, order: torch.Tensor, query: torch.Tensor, n: int,
                  value_dtype: torch.dtype | None, dropped: torch.Tensor | None = None):
@@ -582,7 +647,7 @@ class ShardedIndex:
     # ---------------------------------------------------------------------------------------- CSR lookups
     def _csr(self, op: str, lo: torch.Tensor, hi: torch.Tensor | None) -> Matches:
         _, heads = self._agree(op, lambda: self._check_queries(lo, hi), lambda _: [lo.numel()])
-        st = _Stages(op, self.profile, self.device, self.rank)
+        st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi = self._pieces(qlo, qhi)
         got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
@@ -652,7 +717,7 @@ class ShardedIndex:
         self._disagree(heads, _HEAD + 2, "query_capacity", str)
         if query_capacity is not None:
             return self._capped_fixed(op, lo, hi, capacity, query_capacity)
-        st = _Stages(op, self.profile, self.device, self.rank)
+        st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi = self._pieces(qlo, qhi)
         got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
@@ -813,7 +878,7 @@ class ShardedIndex:
         else:
             # No check: the value column is routed again (whether every rank has it cached is not known here).
             cached = False
-        st = _Stages(op, self.profile, self.device, self.rank)
+        st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         local_values = self._route_values(values, st, cached) if values is not None else None
         qcap = query_capacity
         qlo, qhi = self._map_queries(lo, hi)
@@ -837,7 +902,7 @@ class ShardedIndex:
         return Fixed(out, gover)
 
     def _capped_fixed(self, op, lo, hi, capacity, qcap) -> Fixed:
-        st = _Stages(op, self.profile, self.device, self.rank)
+        st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
         rdata, rvalid, gover, pos, dropped = self._fixed_exchange(owner, valid, [plo, phi], qcap, st)
