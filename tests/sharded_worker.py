@@ -299,6 +299,26 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     ck.raises(lambda: ShardedIndex(fk, group=group), "NaN keys", "NaN")
     ck.raises(lambda: ShardedIndex(keys, key_type="uint64" if rank == bad else None, group=group), "key types differ", "key type")
     ck.raises(lambda: ShardedIndex.from_state_dict({"format": "x"} if rank == bad else idx.state_dict(), group=group), "bad state", f"rank {bad}")
+    # A local lookup failing after the exchange (an out-of-memory, simulated): the failing rank and every rank
+    # with queries it owns raise (here all: q covers every shard); nobody hangs.
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    for form, call in (("lookup", lambda: idx.lookup(q)), ("range", lambda: idx.range(q, q + 3)),
+                       ("range_capped", lambda: idx.range_capped(q, q + 3, 5))):
+        name = {"lookup": "lookup", "range": "range", "range_capped": "range_capped"}[form]
+        if rank == bad:
+            setattr(idx._local, name, oom)
+        ck.raises(call, f"{form}: local out of memory on one rank", f"rank")
+        if rank == bad:
+            delattr(idx._local, name)
+    idx.pipeline = 2
+    if rank == bad:
+        idx._local.lookup = oom
+    ck.raises(lambda: idx.lookup(q), "pipelined lookup: local out of memory on one rank", "rank")
+    if rank == bad:
+        del idx._local.lookup
+    idx.pipeline = 1
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")
     upd = ShardedIndex(keys, updatable=True, group=group)

@@ -30,6 +30,7 @@ from ..rx import RXIndex
 
 _SIGN = -(2**63)  # XOR with the sign bit: unsigned order of ordered keys as signed int64 order
 _I64_MAX = 2**63 - 1
+_FAILED = -2  # an answer slot of an owner whose local lookup failed (no real answer is ever -2)
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -528,15 +529,40 @@ class ShardedIndex:
         got, order, send_splits, recv_splits = self._send_pieces(owner, cols, st)
         rlo = got[:, 0].contiguous()
         rhi = None if hi is None else got[:, 1].contiguous()
-        ans = self._local_per_query(op, rlo, rhi, local_values)
+        ans, err = self._guarded(lambda: self._local_per_query(op, rlo, rhi, local_values),
+                                 lambda: torch.full((rlo.numel(), 2), _FAILED, dtype=torch.int64, device=self.device))
         st.mark("local")
         back = self._a2a(ans, recv_splits, send_splits, st)
         st.mark("return")
+        self._raise_failed(op, err, (back == _FAILED).all(dim=1), send_splits)
         out = self._combine(op, back, order, query, lo.numel(), values.dtype if values is not None else None)
         st.mark("scatter")
         st.stats.update(queries=lo.numel(), pieces=owner.numel(), received=rlo.numel())
         self._last_stats = st.stats
         return out
+
+    def _guarded(self, fn, fallback):
+        """Runs a local lookup; if it fails (out of memory, ...) returns (fallback(), error) instead of raising,
+        so that this rank still takes part in the return exchange and nobody waits for it forever."""
+        try:
+            return fn(), None
+        except Exception as e:  # noqa: BLE001  (raised after the exchange, see _raise_failed)
+            return fallback(), e
+
+    def _raise_failed(self, op: str, err: BaseException | None, flags: torch.Tensor, splits: list[int]) -> None:
+        """After a return exchange: raise if this rank's local lookup failed, or if answers came back marked
+        failed (``flags``: per received answer, ``splits[d]`` of them from rank d, in rank order). One host
+        synchronization."""
+        if err is not None:
+            raise ShardedIndexError(f"ShardedIndex.{op}: the local lookup failed on rank {self.rank}: "
+                                    f"{type(err).__name__}: {err}", {self.rank: str(err)}) from err
+        if flags.numel() and bool(flags.any()):
+            ends = torch.tensor(splits, device=flags.device).cumsum(0)
+            owners = sorted(set(torch.searchsorted(ends, flags.nonzero()[:, 0], right=True).tolist()))
+            raise ShardedIndexError(
+                f"ShardedIndex.{op}: the local lookup failed on rank(s) {owners}, which own some of rank "
+                f"{self.rank}'s queries (see the error raised there); the index is unchanged"
+            )
 
     def _local_per_query(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None,
                          values: torch.Tensor | None) -> torch.Tensor:
@@ -571,11 +597,13 @@ class ShardedIndex:
             work = dist.all_to_all_single(got, parts[i][0], rc[i], sc[i], group=self.group, async_op=True)
             st.moved(parts[i][0], got, sc[i])
             outgoing.append((got, work))
-        returns = []
+        returns, err = [], None
         for i in range(C):
             got, work = outgoing[i]
             work.wait()
-            ans = self._local_per_query(op, got, None, values)
+            ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
+                                   lambda: torch.full((got.numel(), 2), _FAILED, dtype=torch.int64, device=self.device))
+            err = err or e
             back = ans.new_empty((sum(sc[i]), 2))
             work = dist.all_to_all_single(back, ans, sc[i], rc[i], group=self.group, async_op=True)
             st.moved(ans, back, rc[i])
@@ -583,8 +611,14 @@ class ShardedIndex:
         st.mark("local")  # exchanges, local lookups and returns, overlapped
         outs = []
         for i in range(C):
+            returns[i][1].wait()
+        # Failure marks regrouped by owner (chunk by chunk they come in owner order).
+        marks = [(r[0] == _FAILED).all(dim=1) for r in returns]
+        by_owner = [m.split(sc[i]) for i, m in enumerate(marks)]
+        self._raise_failed(op, err, torch.cat([b[d] for d in range(self.world) for b in by_owner]),
+                           [sum(sc[i][d] for i in range(C)) for d in range(self.world)])
+        for i in range(C):
             back, work, _ = returns[i]
-            work.wait()
             q = torch.arange(bounds[i + 1] - bounds[i], device=self.device)
             outs.append(self._combine(op, back, parts[i][1], q, q.numel(), value_dtype))
         out = type(outs[0])(*(torch.cat([o[j] for o in outs]) for j in range(2)))
@@ -651,15 +685,21 @@ class ShardedIndex:
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi = self._pieces(qlo, qhi)
         got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
-        m = self._local.range(got[:, 0].contiguous(), got[:, 1].contiguous())
-        counts = m.offsets[1:] - m.offsets[:-1]
-        rows = self._to_global(m.rows)
+        def local():
+            m = self._local.range(got[:, 0].contiguous(), got[:, 1].contiguous())
+            return m.offsets[1:] - m.offsets[:-1], self._to_global(m.rows)
+
+        (counts, rows), err = self._guarded(local, lambda: (
+            torch.full((got.shape[0],), _FAILED, dtype=torch.int64, device=self.device),
+            torch.empty(0, dtype=torch.int64, device=self.device)))
         st.mark("local")
         back_counts = self._a2a(counts, recv_splits, send_splits, st)
-        # Rows per source / destination: sums of the piece counts over each block (one host sync).
-        src_totals = _block_sums(counts, recv_splits).tolist()
-        dst_totals = _block_sums(back_counts, send_splits).tolist()
+        # Rows per source / destination: sums of the piece counts over each block (one host sync). A failed
+        # owner's counts are _FAILED and it sends no rows: counted as 0 on both sides.
+        src_totals = _block_sums(counts.clamp(min=0), recv_splits).tolist()
+        dst_totals = _block_sums(back_counts.clamp(min=0), send_splits).tolist()
         back_rows = self._a2a(rows, src_totals, dst_totals, st)
+        self._raise_failed(op, err, back_counts == _FAILED, send_splits)
         st.mark("return")
         n, P = lo.numel(), owner.numel()
         gen_counts = torch.empty_like(back_counts).index_copy_(0, order, back_counts)
@@ -724,15 +764,25 @@ class ShardedIndex:
         rlo, rhi = got[:, 0].contiguous(), got[:, 1].contiguous()
         # Per source block: its pieces' full counts and the first `capacity` rows of its answer (never more of
         # a block's rows can land in the caller's first `capacity`).
-        parts, start = [], 0
-        for s in range(self.world):
-            b = recv_splits[s]
-            c = self._local.range_capped(rlo[start:start + b], rhi[start:start + b], capacity)
-            parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], self._to_global(c.rows)]))
-            start += b
+        def local():
+            parts, start = [], 0
+            for s in range(self.world):
+                b = recv_splits[s]
+                c = self._local.range_capped(rlo[start:start + b], rhi[start:start + b], capacity)
+                parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], self._to_global(c.rows)]))
+                start += b
+            return torch.cat(parts)
+
+        payload, err = self._guarded(local, lambda: torch.full((sum(recv_splits) + self.world * capacity,), _FAILED,
+                                                               dtype=torch.int64, device=self.device))
         st.mark("local")
-        back = self._a2a(torch.cat(parts), [b + capacity for b in recv_splits], [b + capacity for b in send_splits], st)
+        back = self._a2a(payload, [b + capacity for b in recv_splits], [b + capacity for b in send_splits], st)
         st.mark("return")
+        ends = torch.tensor([b + capacity for b in send_splits], device=self.device).cumsum(0)
+        firsts = (ends - ends.new_tensor([b + capacity for b in send_splits]))
+        marks = (back[firsts.clamp(max=max(back.numel() - 1, 0))] == _FAILED) & (ends > firsts) if back.numel() else \
+            torch.zeros(self.world, dtype=torch.bool, device=self.device)
+        self._raise_failed(op, err, marks, [1] * self.world)
         counts_send, rows_from = [], []
         start = 0
         for d in range(self.world):
