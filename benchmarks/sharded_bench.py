@@ -2,11 +2,13 @@
 
 Weak scaling: 2^26 keys and 2^27 point lookups per rank; strong scaling: 2^27 keys and 2^27 lookups in all.
 The single-GPU baseline is a plain CgRXIndex over all keys on rank 0's GPU answering every rank's lookups.
-Per form (point lookups, the fixed-capacity form, ranges of 4 and 64 hits): time (the slowest rank, median of
---repeats), throughput, speedup over one GPU, then one profiled run per form for the stages (partition,
-exchange, local lookup, return, scatter; the device is synchronized between stages, so they add up to more
-than the unprofiled time) and the bytes this rank sent to other ranks next to the NVLink floor (bytes / 370 GB/s,
-NCCL's all-to-all rate on NVLink 4). Rank 0 checks its sharded answers against the single-GPU index.
+Per form (point lookups, pipelined point lookups, the fixed-capacity form, ranges of 4 and 64 hits): time (the
+slowest rank, median of --repeats), throughput, speedup over one GPU, then one profiled run per form for the
+stages (check: the call header's round trip; partition, exchange, local lookup, return, scatter; the device is
+synchronized between stages, so they add up to more than the unprofiled time; pipelined calls count their
+overlapped exchanges, local lookups and returns as "local") and the bytes this rank sent to other ranks next to
+the NVLink floor (bytes / 370 GB/s, NCCL's all-to-all rate on NVLink 4). Rank 0 checks its sharded answers
+against the single-GPU index.
 
     torchrun --nproc-per-node=2 benchmarks/sharded_bench.py          # or: python benchmarks/sharded_bench.py --world 2
     python benchmarks/sharded_bench.py --device cpu --world 2 --log-keys 12 --log-lookups 12   # gloo smoke test
@@ -36,7 +38,7 @@ from torch_rtindex import CgRXIndex  # noqa: E402
 from torch_rtindex.distributed import ShardedIndex, no_multicast_env, spawn  # noqa: E402
 
 NVLINK_BYTES_PER_S = 370e9
-STAGES = ("partition", "exchange", "local", "return", "scatter")
+STAGES = ("check", "partition", "exchange", "local", "return", "scatter")
 
 
 def parse(argv=None):
@@ -52,6 +54,7 @@ def parse(argv=None):
     ap.add_argument("--range-hits", default="4,64")
     ap.add_argument("--modes", default="weak,strong")
     ap.add_argument("--slack", type=float, default=1.1, help="fixed form: query_capacity = slack * lookups / world + 64")
+    ap.add_argument("--pipeline", type=int, default=4, help="chunks of the pipelined point lookups (lookup_pipelined)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backend", default="radix", help="the cgRX backend of the local and the single-GPU index")
     ap.add_argument("--out-dir", default=None)
@@ -171,7 +174,7 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
         del qs
 
     def record(form, sharded_s, single_s, prof, extra=None):
-        total = q * world if form in ("lookup", "lookup_fixed") else qr * world
+        total = q * world if form.startswith("lookup") else qr * world
         row = {"mode": mode, "form": form, "world": world, "keys_total": n * world, "lookups_total": total,
                "sharded_s": sharded_s, "single_gpu_s": single_s,
                "speedup": single_s / sharded_s if sharded_s and single_s == single_s else float("nan"),
@@ -194,6 +197,16 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     single_s = single_time(lambda: single.lookup(all_queries))
     record("lookup", sharded_s, single_s, profiled(idx, lambda: idx.lookup(queries), dev), {"build_s": build_s,
            "single_build_s": single_build_s if rank == 0 else None})
+
+    idx.pipeline = a.pipeline
+    piped = lambda: idx.lookup(queries)  # noqa: E731
+    got = piped()
+    if rank == 0:
+        assert torch.equal(got.first_row, single.lookup(queries).first_row), "pipelined != single"
+    del got
+    piped_s = time_collective(piped, dev, a.repeats)
+    record("lookup_pipelined", piped_s, single_s, profiled(idx, piped, dev), {"pipeline": a.pipeline})
+    idx.pipeline = 1
 
     qcap = int(a.slack * q / world) + 64
     fixed = lambda: idx.lookup_fixed(queries, qcap, check=False)  # noqa: E731
@@ -240,13 +253,13 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
 
 def model(rows: list[dict]) -> list[dict]:
     """What 4, 8 and 16 GPUs would give for weak-scaling point lookups, from the measured stage costs: the
-    per-rank stages (partition, local, scatter) stay as measured (same work per rank), the exchange and return
+    per-rank stages (check, partition, local, scatter) stay as measured (same work per rank), the exchange and return
     scale with the bytes sent to other ranks, (W - 1) / W of the payload, at the measured rate per byte."""
     base = next((r for r in rows if r["mode"] == "weak" and r["form"] == "lookup"), None)
     if base is None or not base["bytes_sent_remote"]:
         return []
     W0 = base["world"]
-    per_rank = base["partition_s"] + base["local_s"] + base["scatter_s"]
+    per_rank = base["check_s"] + base["partition_s"] + base["local_s"] + base["scatter_s"]
     moved = base["exchange_s"] + base["return_s"]
     payload = base["bytes_sent_remote"] * W0 / (W0 - 1)
     rate = base["bytes_sent_remote"] / moved if moved else float("inf")

@@ -751,6 +751,7 @@ class ShardedIndex:
                 self._check_capacity(query_capacity, "query_capacity")
 
         if query_capacity is not None and not self._checks_wanted(None):
+            self._check_s = 0.0
             return self._capped_fixed(op, lo, hi, capacity, query_capacity)
         _, heads = self._agree(op, validate, lambda _: [lo.numel(), capacity, -1 if query_capacity is None else query_capacity])
         self._disagree(heads, _HEAD + 1, "capacity", str)
@@ -928,6 +929,7 @@ class ShardedIndex:
         else:
             # No check: the value column is routed again (whether every rank has it cached is not known here).
             cached = False
+            self._check_s = 0.0
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         local_values = self._route_values(values, st, cached) if values is not None else None
         qcap = query_capacity
