@@ -17,7 +17,7 @@ import torch
 from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, range_queries
 from reference import Reference
 
-from torch_rtindex import CgRXIndex, IdToRow
+from torch_rtindex import IdToRow
 from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
 
 

@@ -194,9 +194,6 @@ class ShardedIndex:
         self._last_stats: dict[str, Any] = {}
         self._values_cache: tuple | None = None
 
-    def _rank_name(self, r: int) -> str:
-        return f"rank {r}"
-
     # ------------------------------------------------------------------------------------ collective checks
     def _agree(self, op: str, validate: Callable[[], Any] | None, extra: Callable[[Any], list[int]] | None = None,
                *, key_type: str | None = None, key_dtype: torch.dtype | None = None, values_code: int = -1,
@@ -274,19 +271,15 @@ class ShardedIndex:
             kt = self._check_keys(keys, key_type)
             if keys.numel() > MAX_KEYS:
                 raise ValueError(f"a rank holds at most 2^32 - 1 keys, got {keys.numel()}")
-            if self.updatable and not hasattr(self.index_factory, "update") and self.index_factory is not UpdatableCgRXIndex:
-                pass  # a factory may build an updatable index without being the class itself; checked after build
             return kt
 
         kt, heads = self._agree(
             "build", validate, lambda kt: [keys.numel()],
-            key_type=(key_type if mapped else None) or (resolve_key_type(keys, key_type) if _safe_kt(keys, key_type) else None),
+            key_type=key_type if mapped else _key_type_or_none(keys, key_type),
             key_dtype=key_dtype if mapped else getattr(keys, "dtype", None), device=device,
         )
         self._disagree(heads, 2, "the key type", lambda v: _KEY_TYPE_NAMES.get(v, "?"))
         self._disagree(heads, 3, "the key dtype", lambda v: str(_CODE_DTYPES.get(v, "?")))
-        devs = {str(device.type)}
-        del devs
         self.key_type = kt
         self.key_dtype = key_dtype if mapped else keys.dtype
         self.device = device
@@ -1216,12 +1209,12 @@ class ShardedIndex:
                 f"key_type={self.key_type}, device={self.device}, local={type(self._local).__name__})")
 
 
-def _safe_kt(keys: Any, key_type: str | None) -> bool:
+def _key_type_or_none(keys: Any, key_type: str | None) -> str | None:
+    """The key type for the call header; None where the keys are unusable (the validation reports why)."""
     try:
-        resolve_key_type(keys, key_type)
-        return True
-    except Exception:  # noqa: BLE001  (reported by the validation instead)
-        return False
+        return resolve_key_type(keys, key_type)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _block_sums(values: torch.Tensor, splits: list[int]) -> torch.Tensor:
