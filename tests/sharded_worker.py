@@ -64,7 +64,9 @@ def key_sets(world: int, gen: torch.Generator, n: int = 150):
     allk = int64_keys("uniform", N, gen)
     yield "all_on_rank0", "int64", [allk] + [allk[:0]] * (world - 1), 2**62
     dense = int64_keys("dense", N, gen)
-    yield "last_rank_empty", "int64", split(dense, world, gen, [N // (world - 1)] * (world - 2) + [N - N // (world - 1) * (world - 2), 0]), 40
+    if world > 1:
+        sizes = [N // (world - 1)] * (world - 2) + [N - N // (world - 1) * (world - 2), 0]
+        yield "last_rank_empty", "int64", split(dense, world, gen, sizes), 40
     heavy = torch.cat([torch.full((N // 2,), 5), torch.randint(-20, 20, (N // 2,), generator=gen), torch.tensor([I64_MIN, I64_MAX, -1, 0])])
     yield "duplicates", "int64", split(heavy[torch.randperm(heavy.numel(), generator=gen)], world, gen), 6
     yield "dup_runs", "int64", split(int64_keys("duplicates", N, gen), world, gen), 2**60
@@ -361,6 +363,24 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, gro
     del b, wantr
 
 
+def check_uint64_dtype(ck: Checker, rank: int, world: int, device, group=None) -> None:
+    """torch.uint64 keys (not int64 storage): unsigned order across shards."""
+    if not hasattr(torch, "uint64"):
+        return
+    ck.scope = f"{world} ranks, torch.uint64"
+    parts = [[5, 2**64 - 1, 0, 7, 5], [3, 2**63], [2**63 + 1], []]
+    parts = parts[:world - 1] + [sum(parts[world - 1:], [])]
+    idx = ShardedIndex(torch.tensor(parts[rank], dtype=torch.uint64, device=device), group=group)
+    allk = sum(parts, [])
+    q = [5, 2**64 - 1, 2**63, 4, 2**63 + 1]
+    r = idx.lookup(torch.tensor(q, dtype=torch.uint64, device=device))
+    ck.eq(r.count, [allk.count(v) for v in q], "uint64 lookup count")
+    ck.eq(r.first_row, [allk.index(v) if v in allk else -1 for v in q], "uint64 lookup first_row")
+    m = idx.range(torch.tensor([1], dtype=torch.uint64, device=device), torch.tensor([2**63], dtype=torch.uint64, device=device))
+    want = [i for _, i in sorted((v, i) for i, v in enumerate(allk) if 1 <= v <= 2**63)]
+    ck.eq(m.rows, want, "uint64 range in (key, row) order")
+
+
 def check_compiles(ck: Checker, rank: int, world: int, device, group=None) -> None:
     """lookup_fixed traces into one graph: torch.compile(fullgraph=True), collectives included."""
     ck.scope = f"{world} ranks, torch.compile"
@@ -414,10 +434,11 @@ def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: 
             check_errors(ck, rank, world, device, group)
             check_fixed_has_no_host_sync(ck, rank, world, device, group)
             check_profile(ck, rank, world, device, group)
-        if compile:
-            check_compiles(ck, rank, world, device, group)
             if group is None or group == dist.group.WORLD:
                 check_id_to_row(ck, rank, world, device, group)  # IdToRow(index="sharded") uses the default group
+        if compile:
+            check_compiles(ck, rank, world, device, group)
+        check_uint64_dtype(ck, rank, world, device, group)
     except Exception:  # a bug that raised: report it with what was checked so far
         ck.failures.append(f"rank {dist.get_rank()} [{ck.scope}] raised:\n{traceback.format_exc()}")
     return ck.failures
@@ -426,7 +447,8 @@ def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: 
 def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
     """``layout="world"``: every check on the default group. ``"2+3+4"`` (four processes; one process start for
     three group sizes): two 2-rank groups side by side (ranks 0-1 every check, ranks 2-3 some key sets), then a
-    3-rank group (ranks 0-2), then all four ranks. Raises AssertionError listing this rank's failures."""
+    3-rank group (ranks 0-2) next to a 1-rank group (rank 3), then all four ranks. Raises AssertionError
+    listing this rank's failures."""
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -442,8 +464,11 @@ def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
         else:
             failures = check_group(pairs[1], device, seed + 10, some, False)
         dist.barrier()
+        alone = dist.new_group([3])
         if rank < 3:
             failures += check_group(three, device, seed + 20, some, True)
+        else:  # meanwhile, a group of one
+            failures += check_group(alone, device, seed + 40, ("uniform", "duplicates"), False)
         dist.barrier()
         failures += check_group(None, device, seed + 30, ("uniform", "duplicates", "last_rank_empty", "int32"), True)
     if failures:
