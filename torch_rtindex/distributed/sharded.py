@@ -152,6 +152,21 @@ class ShardedIndex:
 
     Aggregates take the value column at the call, sharded like the keys: each rank passes the values of the
     rows it contributed (its build keys, then the keys it inserted, in that order; see :meth:`num_contributed`).
+
+    Fixed-capacity forms (:meth:`lookup_fixed`, :meth:`range_lookup_fixed`, :meth:`aggregate_fixed`,
+    :meth:`range_aggregate_fixed`, and :meth:`lookup_all_capped` / :meth:`range_capped` with ``query_capacity``):
+    fixed shapes and no host synchronization, for CUDA graphs and ``torch.compile(fullgraph=True)``; they return
+    :class:`Fixed` with an overflow flag. The other forms learn their exchange sizes on the host.
+
+    Errors: every call first shares a small header (status of this rank's input checks, operation, call number,
+    sizes) with one ``all_gather``; bad input on any rank, or ranks calling different methods, raises
+    :class:`ShardedIndexError` on every rank before any data moves, and the index is unchanged. A local lookup
+    that fails after the exchange (out of memory) raises on that rank and on every rank it owed answers.
+    With NCCL, call ``torch.cuda.set_device`` on every rank first (the error path gathers messages with
+    ``all_gather_object``).
+
+    Updates (``updatable=True``): :meth:`update`, :meth:`insert`, :meth:`delete`. State: :meth:`state_dict` /
+    :meth:`from_state_dict` per rank, :meth:`gathered_state_dict` / :meth:`from_gathered_state` as one state.
     """
 
     def __init__(
