@@ -194,6 +194,9 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     buf.seek(0)
     loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True), group=group)
     ck.eq(loaded.lookup(qd).first_row, first, "from_state_dict lookup")
+    other = ShardedIndex(torch.zeros(3, dtype=mine.dtype, device=device), key_type=kt, group=group)
+    other.load_state_dict(idx.state_dict())
+    ck.eq(other.lookup_all(qd).rows, csr(rows)[1], "load_state_dict lookup_all")
 
 
 def check_updates(ck: Checker, rank: int, world: int, device, seed: int, group=None) -> None:

@@ -1148,6 +1148,16 @@ class ShardedIndex:
         self._num_rows, self._num_keys = int(state["num_rows"]), int(state["num_keys"])
         return self
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Collective: replaces this index by the one this rank's ``state`` (:meth:`state_dict`) describes, on
+        this index's device and group. All-or-nothing: if any rank's state is rejected, every rank raises and
+        keeps its index."""
+        fresh = type(self).from_state_dict(state, group=self.group, device=self.device, profile=self.profile)
+        pipeline = self.pipeline
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
+        self.pipeline = pipeline
+
     def gathered_state_dict(self) -> dict[str, Any]:
         """Collective: one state of the whole index on every rank (CPU tensors): every live (key, global row)
         pair, keys as ordered keys, sorted by row. Load it into a group of any size with
