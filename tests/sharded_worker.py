@@ -32,11 +32,13 @@ class Checker:
     def eq(self, got, want, what: str) -> None:
         got = got.cpu().numpy() if isinstance(got, torch.Tensor) else np.asarray(got)
         want = want.cpu().numpy() if isinstance(want, torch.Tensor) else np.asarray(want)
-        self.ok(got.shape == want.shape and np.array_equal(got, want), f"{what}: got {got[:8]}.. want {want[:8]}..")
+        if not (got.shape == want.shape and np.array_equal(got, want)):
+            self.ok(False, f"{what}: got {got.reshape(-1)[:8]}.. want {want.reshape(-1)[:8]}..")
 
     def close(self, got, want, what: str) -> None:
         got, want = got.cpu().numpy(), np.asarray(want)
-        self.ok(got.shape == want.shape and np.allclose(got, want, rtol=1e-9, atol=1e-6), f"{what}: got {got[:8]} want {want[:8]}")
+        if not (got.shape == want.shape and np.allclose(got, want, rtol=1e-9, atol=1e-6)):
+            self.ok(False, f"{what}: got {got.reshape(-1)[:8]} want {want.reshape(-1)[:8]}")
 
     def raises(self, fn, what: str, must_name: str | None = None) -> None:
         try:
@@ -334,7 +336,8 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
 
 def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, group=None) -> None:
     """The fixed-capacity path (check=False) never turns a tensor into a Python number: any .item(), int(),
-    bool(), .tolist() or data-dependent shape would dispatch aten._local_scalar_dense or nonzero."""
+    bool() or data-dependent shape would dispatch aten._local_scalar_dense or nonzero; .tolist() (which
+    bypasses the dispatcher) is watched by a wrapper."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ck.scope = f"{world} ranks, no host sync"
@@ -354,16 +357,32 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, gro
     wantr = idx.range_capped(q, q + 30, 500)
     vals = torch.ones(200, dtype=torch.float64, device=device)
     wanta = idx.range_aggregate(q, q + 30, vals)
-    with Spy():
-        a = idx.lookup_fixed(q, 64, check=False)
-        b = idx.range_capped(q, q + 30, 500, query_capacity=64) if False else None  # capped: checks run in eager
-        c = idx.range_aggregate_fixed(q, q + 30, vals, 64, check=False)
-        d = idx.range_lookup_fixed(q, q + 30, 64, check=False)
+    tolist = torch.Tensor.tolist
+
+    def watched(self, *args, **kwargs):
+        seen.append("Tensor.tolist")
+        return tolist(self, *args, **kwargs)
+
+    torch.Tensor.tolist = watched
+    try:
+        with Spy():
+            a = idx.lookup_fixed(q, 64, check=False)
+            c = idx.range_aggregate_fixed(q, q + 30, vals, 64, check=False)
+            d = idx.range_lookup_fixed(q, q + 30, 64, check=False)
+            e = idx.aggregate_fixed(q, vals, 64, check=False)
+            # The capped forms with query_capacity skip their check while compiling or capturing only.
+            idx._checks_wanted = lambda check: False
+            b = idx.range_capped(q, q + 30, 500, query_capacity=64)
+            del idx._checks_wanted
+    finally:
+        torch.Tensor.tolist = tolist
     ck.ok(not seen, f"host synchronizations in the fixed path: {sorted(set(seen))}")
+    for x, y, what in zip(b.answer, wantr, ("offsets", "rows", "total")):
+        ck.eq(x, y, f"fixed range_capped {what} under the spy")
+    ck.close(e.answer.sum, idx.aggregate(q, vals).sum.cpu().numpy(), "fixed aggregate under the spy")
     ck.eq(a.answer.first_row, want.first_row, "fixed lookup under the spy")
     ck.close(c.answer.sum, wanta.sum.cpu().numpy(), "fixed range_aggregate under the spy")
     ck.eq(d.answer.count, wanta.count, "fixed range_lookup under the spy")
-    del b, wantr
 
 
 def check_uint64_dtype(ck: Checker, rank: int, world: int, device, group=None) -> None:

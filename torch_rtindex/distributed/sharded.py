@@ -344,7 +344,7 @@ class ShardedIndex:
         self._contrib_owner = owner  # owner of each row this rank contributed, in contributed order
         self._num_rows = int(num_rows) if num_rows is not None else sum(counts)
         self._num_keys = sum(counts)
-        self._values_cache = None
+        self._plan_values()
         st.stats.update(keys=ordered.numel(), local_keys=rkeys.numel())
         self._last_stats = st.stats
 
@@ -495,13 +495,20 @@ class ShardedIndex:
         """The value column of the local rows, routed from the ranks that contributed them."""
         if cached:
             return self._values_cache[2]
-        order, send_splits = self._partition(self._contrib_owner)
-        send_splits = send_splits.tolist()
+        order, send_splits, gather = self._value_plan
         got = self._a2a(values[order], send_splits, self._recv_totals, st)
-        starts = torch.tensor([0] + self._recv_totals, device=self.device).cumsum(0)[:-1]
-        local = got[starts[self._src] + self._seq] if self._src.numel() else got[:0]
+        local = got[gather]
         self._values_cache = (values, values._version, local)
         return local
+
+    def _plan_values(self) -> None:
+        """How value columns travel (send order and sizes, where each local row's value lands), planned when
+        the rows change, so that routing a column needs no host synchronization (CUDA graphs)."""
+        order, send_splits = self._partition(self._contrib_owner)
+        starts = torch.tensor([0] + self._recv_totals, device=self.device).cumsum(0)[:-1]
+        gather = starts[self._src] + self._seq if self._src.numel() else self._src
+        self._value_plan = (order, send_splits.tolist(), gather)
+        self._values_cache = None
 
     def _values_header(self, values: torch.Tensor | None) -> tuple[int, int]:
         if not isinstance(values, torch.Tensor) or values.dtype not in _VALUE_DTYPES:
@@ -1064,6 +1071,7 @@ class ShardedIndex:
             self._seq = torch.cat([self._seq, base[srcs] + torch.arange(srcs.numel(), device=self.device) - starts[srcs]])
             self._recv_totals = [a + b for a, b in zip(self._recv_totals, i_recv)]
             self._contrib_owner = torch.cat([self._contrib_owner, i_owner])
+            self._plan_values()
         self._num_rows += sum(n_ins)  # row IDs handed out are used up either way
         self._values_cache = None
 
@@ -1146,6 +1154,7 @@ class ShardedIndex:
         self.sample_size = 4096
         self._recv_totals = list(state["received"])
         self._num_rows, self._num_keys = int(state["num_rows"]), int(state["num_keys"])
+        self._plan_values()
         return self
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
