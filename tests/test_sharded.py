@@ -28,6 +28,11 @@ def test_sharded_nccl_two_gpus():
     spawn(sharded_worker.run, 2, 0, "world", backend="nccl", timeout_s=120, join_timeout_s=600)
 
 
+@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
+def test_sharded_nccl_cuda_graph():
+    spawn(sharded_worker.cuda_graph, 2, backend="nccl", timeout_s=120, join_timeout_s=300)
+
+
 def test_import_does_not_load_torch_distributed_eagerly():
     code = "import sys, torch_rtindex; print('torch_rtindex.distributed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
