@@ -403,6 +403,30 @@ def check_uint64_dtype(ck: Checker, rank: int, world: int, device, group=None) -
     ck.eq(m.rows, want, "uint64 range in (key, row) order")
 
 
+def check_local_factories(ck: Checker, rank: int, world: int, device, group=None) -> None:
+    """Other local index classes answer the same (RX: range rows ascending per shard, shards in rank order)."""
+    import functools
+
+    from torch_rtindex import RXIndex
+
+    ck.scope = f"{world} ranks, index_factory"
+    gen = torch.Generator().manual_seed(77)
+    parts = split(int64_keys("duplicates", 100 * world, gen), world, gen)
+    allk = torch.cat(parts)
+    ref = Reference(allk, "int64")
+    q = point_queries(allk, 40 + rank, torch.Generator().manual_seed(rank))
+    first, count, rows = ref.points(q)
+    o, f = csr(rows)
+    for name, kw in (("rx", {"index_factory": RXIndex}),
+                     ("cgrx binary_search", {"index_factory": functools.partial(CgRXIndex, backend="binary_search", bucket_size=4)}),
+                     ("updatable", {"updatable": True})):
+        idx = ShardedIndex(parts[rank].to(device), group=group, **kw)
+        r = idx.lookup(q.to(device))
+        ck.eq(r.first_row, first, f"{name} lookup first_row")
+        ck.eq(r.count, count, f"{name} lookup count")
+        ck.eq(idx.lookup_all(q.to(device)).rows, f, f"{name} lookup_all rows")
+
+
 def check_compiles(ck: Checker, rank: int, world: int, device, group=None) -> None:
     """lookup_fixed traces into one graph: torch.compile(fullgraph=True), collectives included."""
     ck.scope = f"{world} ranks, torch.compile"
@@ -487,6 +511,7 @@ def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: 
             check_errors(ck, rank, world, device, group)
             check_fixed_has_no_host_sync(ck, rank, world, device, group)
             check_profile(ck, rank, world, device, group)
+            check_local_factories(ck, rank, world, device, group)
             if group is None or group == dist.group.WORLD:
                 check_id_to_row(ck, rank, world, device, group)  # IdToRow(index="sharded") uses the default group
         if compile:
