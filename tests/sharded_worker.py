@@ -128,6 +128,7 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
 
     first, count, rows = ref.points(q)
     r = idx.lookup(qd)
+    ck.ok(r.first_row.is_contiguous() and r.count.is_contiguous(), "lookup answers not contiguous")
     ck.eq(r.first_row, first, "lookup first_row")
     ck.eq(r.count, count, "lookup count")
     idx.pipeline = 3  # chunks exchanged asynchronously, overlapping the local lookups

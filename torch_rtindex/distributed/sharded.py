@@ -474,7 +474,7 @@ class ShardedIndex:
         st.mark("partition")
         recv_counts = self._exchange_counts(send_counts)
         send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
-        payload = torch.stack([c[order] for c in cols], dim=1)
+        payload = cols[0][order].unsqueeze(1) if len(cols) == 1 else torch.stack([c[order] for c in cols], dim=1)
         got = self._a2a(payload, send_splits, recv_splits, st)
         st.mark("exchange")
         return got, order, send_splits, recv_splits
@@ -643,14 +643,18 @@ class ShardedIndex:
     def _combine(self, op: str, back: torch.Tensor, order: torch.Tensor, query: torch.Tensor, n: int,
                  value_dtype: torch.dtype | None, dropped: torch.Tensor | None = None):
         """Answers of pieces (in send order) to answers of queries in the caller's order."""
-        gen = torch.empty_like(back).index_copy_(0, order, back) if order is not None else back
+        if order is not None:  # column by column, so that the answers come out contiguous
+            cols = [torch.empty(back.shape[0], dtype=torch.int64, device=back.device).index_copy_(0, order, back[:, j])
+                    for j in range(2)]
+        else:
+            cols = [back[:, 0], back[:, 1]]
         is_agg = "aggregate" in op
         if is_agg:
             sum_dtype = torch.float64 if value_dtype is not None and value_dtype.is_floating_point else torch.int64
-            count = gen[:, 0]
-            s = gen[:, 1].view(torch.float64) if sum_dtype == torch.float64 else gen[:, 1]
+            count = cols[0]
+            s = cols[1].view(torch.float64) if sum_dtype == torch.float64 else cols[1]
         else:
-            first, count = gen[:, 0], gen[:, 1]
+            first, count = cols
         if dropped is not None:
             count = torch.where(dropped, 0, count)
             if is_agg:
