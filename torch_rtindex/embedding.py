@@ -60,6 +60,15 @@ def _miss_check():
 INDEX_KINDS = {"cgrx": CgRXIndex, "rx": RXIndex}
 
 
+def _index_class(kind: str):
+    """The index class of an ``index=`` name; "sharded" is imported on first use (it imports torch.distributed)."""
+    if kind == "sharded":
+        from .distributed import ShardedIndex
+
+        return ShardedIndex
+    return INDEX_KINDS[kind]
+
+
 class IdToRow(torch.nn.Module):
     """Maps raw IDs to embedding-table rows: row ``i`` of the table has ID ``ids[i]``.
 
@@ -78,7 +87,10 @@ class IdToRow(torch.nn.Module):
             ``len(ids)``, a row appended to the table for unknown IDs).
         index: ``"cgrx"`` (default: :class:`CgRXIndex` with the backend chosen for the device, on GPUs without
             RT cores a radix-table search, faster than ``torch.searchsorted`` over the sorted IDs and
-            capturable in CUDA graphs) or ``"rx"`` (:class:`RXIndex`, one triangle per ID).
+            capturable in CUDA graphs), ``"rx"`` (:class:`RXIndex`, one triangle per ID) or ``"sharded"``
+            (:class:`~torch_rtindex.distributed.ShardedIndex` over the default process group: ``ids`` are this
+            rank's rows of a row-wise sharded table, rows are global, and building and every call are
+            collective).
 
     The IDs are the buffer ``ids``, so ``.to()``, ``.cuda()``, ``state_dict()`` and ``load_state_dict()``
     work as for any module; the index over them is rebuilt whenever the buffer moves or is loaded
@@ -91,8 +103,8 @@ class IdToRow(torch.nn.Module):
 
     def __init__(self, ids: torch.Tensor, *, miss: str = "default", default_row: int = 0, index: str = "cgrx") -> None:
         super().__init__()
-        if index not in INDEX_KINDS:
-            raise ValueError(f"index must be one of {sorted(INDEX_KINDS)}, got {index!r}")
+        if index not in INDEX_KINDS and index != "sharded":
+            raise ValueError(f"index must be one of {sorted([*INDEX_KINDS, 'sharded'])}, got {index!r}")
         self.index_kind = index
         if miss not in MISS_POLICIES:
             raise ValueError(f"miss must be one of {MISS_POLICIES}, got {miss!r}")
@@ -125,7 +137,7 @@ class IdToRow(torch.nn.Module):
         if ids.device.type == "meta":  # a module on the meta device has shapes, not IDs, to index
             self._index, self._indexed = None, None
             return
-        self._index = INDEX_KINDS[self.index_kind](ids.contiguous())
+        self._index = _index_class(self.index_kind)(ids.contiguous())
         self._indexed = (ids, _version_counter(ids))
 
     def _index_is_current(self) -> bool:
