@@ -145,7 +145,8 @@ class IndexBase:
         two configurations, so that a call is one operator call after its checks."""
         ops = _ops()
         family = self._op_family()
-        self._forms = {f: getattr(ops, f"{family}_{f}") for f in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate")}
+        # The overloads themselves: calling a packet resolves its overload on every call.
+        self._forms = {f: getattr(ops, f"{family}_{f}").default for f in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate")}
         self._lead = self._index_tensors()
         self._cfg = self._config(self.key_type)
         self._cfg_ordered = self._config("uint64")
