@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch_rtindex  # noqa: E402
-from rx_bench import git_commit, write_json  # noqa: E402
+from rx_bench import cpu_name, git_commit, write_json  # noqa: E402
 
 
 def wall(fn, repeats: int):
@@ -35,16 +34,6 @@ def wall(fn, repeats: int):
         out = fn()
         times.append(time.perf_counter() - t0)
     return out, sorted(times)[len(times) // 2]
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
 
 
 def main() -> int:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rx_bench import git_commit, results_dir  # noqa: E402  (same folder; puts the repository on sys.path)
+from rx_bench import cpu_name, git_commit, results_dir  # noqa: E402  (same folder; puts the repository on sys.path)
 
 import torch_rtindex  # noqa: E402
 from torch_rtindex import CgRXIndex, RXIndex, join, range_join  # noqa: E402
@@ -123,16 +122,6 @@ def fingerprint(pos: np.ndarray, row: np.ndarray) -> list[int]:
 
 
 # -------------------------------------------------------------------------------------------------- timing
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()

@@ -129,6 +129,19 @@ def write_json(result: dict, name: str, out: str | None = None) -> Path:
     return path
 
 
+def cpu_name() -> str:
+    """The host processor's model name (benchmarks that run on the CPU name it in their results)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or "CPU"
+
+
 def git_commit() -> str:
     if os.environ.get("RTINDEX_COMMIT"):  # the device machine gets a copy of the tree without .git
         return os.environ["RTINDEX_COMMIT"]

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 import torch
 
-from rx_bench import build_timed, git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
+from rx_bench import build_timed, cpu_name, git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
 import update_bench  # noqa: E402
 
 import torch_rtindex  # noqa: E402
@@ -387,13 +387,7 @@ def run_updates(mode: Mode, waves: int, dev: torch.device) -> dict:
 def device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "CPU"
+    return cpu_name()
 
 
 def driver_version() -> str:

@@ -317,7 +317,7 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
         name = {"lookup": "lookup", "range": "range", "range_capped": "range_capped"}[form]
         if rank == bad:
             setattr(idx._local, name, oom)
-        ck.raises(call, f"{form}: local out of memory on one rank", f"rank")
+        ck.raises(call, f"{form}: local out of memory on one rank", "rank")
         if rank == bad:
             delattr(idx._local, name)
     idx.pipeline = 2
