@@ -219,3 +219,10 @@ def test_missing_compiler_is_named(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_RTINDEX_CXX", raising=False)
     with pytest.raises(RuntimeError, match="names no compiler"):
         _extension._cxx_for_build(tmp_path)
+
+
+def test_updatable_index_attributes_are_true():
+    index = UpdatableCgRXIndex(torch.arange(100), node_size=8)
+    assert index.layout == "nodes" and index.representation == "naive" and index.bucket_size == 4
+    clone = UpdatableCgRXIndex.from_state_dict(index.state_dict())
+    assert clone.layout == "nodes" and torch.equal(clone.lookup(torch.arange(100)).first_row, torch.arange(100))

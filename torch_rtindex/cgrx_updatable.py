@@ -103,6 +103,11 @@ class UpdatableCgRXIndex(CgRXIndex):
         self.auto_rebuilds = 0
         self._node_reads = 1.0
         super().__init__(keys, key_type=key_type, bucket_size=node_size // 2, backend=backend, scene=scene)
+        # What this index really holds, where the read-only index's settings do not apply: node chains instead
+        # of a pairs layout, and the naive scene (the optimized one reads the key after each representative
+        # in sorted pairs, which node chains do not keep in place).
+        self.layout = self.requested_layout = "nodes"
+        self.representation = "naive"
 
     # ------------------------------------------------------------------------------------------------ build
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
