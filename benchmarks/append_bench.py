@@ -22,30 +22,23 @@ from rx_bench import git_commit, sa_lookup, sorted_array, timed, write_json  # n
 from torch_rtindex import UpdatableCgRXIndex  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--log-keys", type=int, default=24)
-    ap.add_argument("--log-lookups", type=int, default=24)
-    ap.add_argument("--days", type=int, default=100)
-    ap.add_argument("--log-batch", type=int, default=14)
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    dev = torch.device(args.device)
-    gen = torch.Generator(device=dev).manual_seed(3)
-    base = torch.randint(0, 2**62, (1 << args.log_keys,), device=dev, generator=gen)
-    batch = 1 << args.log_batch
-    days = [2**62 + d * batch + torch.arange(batch, device=dev) for d in range(args.days)]
-    everything = torch.cat([base, *days])
-    q = everything[torch.randint(0, everything.numel(), (1 << args.log_lookups,), device=dev, generator=gen)]
+def run_append(log_keys: int, log_lookups: int, days: int, log_batch: int, device="cuda", seed: int = 3) -> dict:
+    """The experiment: {"policy_on" | "policy_off" | "fresh": lookup ms, update ms, chain stats}. Raises
+    AssertionError on a wrong answer (benchmarks/suite.py runs it next to the update waves)."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    base = torch.randint(0, 2**62, (1 << log_keys,), device=dev, generator=gen)
+    batch = 1 << log_batch
+    day_keys = [2**62 + d * batch + torch.arange(batch, device=dev) for d in range(days)]
+    everything = torch.cat([base, *day_keys])
+    q = everything[torch.randint(0, everything.numel(), (1 << log_lookups,), device=dev, generator=gen)]
     want = sa_lookup(sorted_array(everything), q)
-
     rows = {}
     for name, policy in (("policy_on", "default"), ("policy_off", None)):
         kw = {} if policy == "default" else {"max_node_reads": None}
         index = UpdatableCgRXIndex(base, **kw)
         update_ms = 0.0
-        for d in days:
+        for d in day_keys:
             ms, _ = timed(lambda d=d: index.insert(d), repeats=1, warmup=0, device=dev)
             update_ms += ms
         got = index.lookup(q)
@@ -57,6 +50,20 @@ def main() -> int:
     ms, got = timed(lambda: fresh.lookup(q), device=dev)
     assert torch.equal(got.first_row, want[0]), "fresh"
     rows["fresh"] = {"lookup_ms": ms, **fresh.stats()}
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--log-keys", type=int, default=24)
+    ap.add_argument("--log-lookups", type=int, default=24)
+    ap.add_argument("--days", type=int, default=100)
+    ap.add_argument("--log-batch", type=int, default=14)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    rows = run_append(args.log_keys, args.log_lookups, args.days, args.log_batch, dev)
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     print(f"{name}, commit {git_commit()}: 2^{args.log_keys} keys + {args.days} days x 2^{args.log_batch} "
           f"increasing keys, 2^{args.log_lookups} point lookups over all")

@@ -42,6 +42,7 @@ from typing import Any, Callable
 import torch
 
 from rx_bench import build_timed, cpu_name, git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
+import append_bench  # noqa: E402
 import update_bench  # noqa: E402
 
 import torch_rtindex  # noqa: E402
@@ -380,6 +381,14 @@ def run_updates(mode: Mode, waves: int, dev: torch.device) -> dict:
     except AssertionError as e:
         return {**rec, "check": f"FAILED: {e}"}
     res["rows"] = [{"wave": n, "keys": k, "update_ms": u, "rebuild_ms": r} for n, k, u, r in res["rows"]]
+    # The append workload next to the waves: 8 batches a wave of increasing keys, each 1/64 of the base keys,
+    # with the rebuild policy on and off against a fresh index.
+    days, log_batch = 8 * waves, max(0, mode.update_log_keys - 6)
+    try:
+        res["append"] = {"days": days, "log_batch": log_batch,
+                         **append_bench.run_append(mode.update_log_keys, mode.log_lookups, days, log_batch, dev)}
+    except AssertionError as e:
+        return {**rec, **res, "check": f"FAILED: append workload: {e}"}
     return {**rec, **res}
 
 
@@ -449,6 +458,15 @@ def table(result: dict) -> str:
         if "lookup_after_ms" in u:
             lines.append(f"  lookups (2^{u['log_lookups']}) after the insert waves {u['lookup_after_ms']:.3f} ms, "
                          f"freshly built {u['lookup_fresh_ms']:.3f} ms")
+        if "append" in u:
+            a = u["append"]
+            lines.append(f"  append workload (append_bench.run_append): 2^{u['log_keys']} keys + {a['days']} batches of "
+                         f"2^{a['log_batch']} ever larger keys, 2^{u['log_lookups']} lookups over all:")
+            for name in ("policy_on", "policy_off", "fresh"):
+                r = a[name]
+                lines.append(f"    {name:10s} lookups {r['lookup_ms']:9.3f} ms ({r['lookup_ms'] / a['fresh']['lookup_ms']:.2f}x "
+                             f"fresh), mean node reads {r['mean_node_reads']:.2f}, longest chain {r['longest_chain']}, "
+                             f"auto rebuilds {r['auto_rebuilds']}")
     return "\n".join(lines)
 
 

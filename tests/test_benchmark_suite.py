@@ -63,6 +63,9 @@ def test_tiny_suite_on_cpu(tmp_path):
 
     (updates,) = result["updates"]
     assert updates["check"] == "passed" and updates["rows"] and updates["lookup_after_ms"] > 0
+    append = updates["append"]  # the append workload: the policy keeps chains short, without it they stretch
+    assert append["policy_on"]["mean_node_reads"] <= append["policy_on"]["max_node_reads"]
+    assert append["policy_off"]["auto_rebuilds"] == 0 and append["fresh"]["lookup_ms"] > 0
 
     assert PLOTS <= set(result["plots"])
     for name in result["plots"]:
