@@ -114,11 +114,6 @@ TORCH_LIBRARY(rtindex, m) {
   m.def(torch::schema(prefix "_aggregate(" RTINDEX_CGRX_INDEX ", Tensor values) -> (Tensor count, Tensor sum)"), tags)
   RTINDEX_CGRX_LOOKUPS("cgrx", kNoTags);
   RTINDEX_CGRX_LOOKUPS("cgrx_optix", kOptixTags);
-  // One step of the OptiX ray search for every query (CPU; for the Embree test): state and hits of the last
-  // step in (None at the start), the new state and the next rays out (cgrx_cpu.cpp).
-  m.def(
-      "cgrx_scene_rays(Tensor queries, int[] scene, Tensor reps, int num_reps, int representation=0, "
-      "Tensor? state=None, Tensor? hits=None) -> (Tensor state, Tensor rays)");
 
   // cgRX with batch updates (node chains, csrc/cgrx/cgrx_nodes.h). Lookups use the cgrx_lookup* operators with
   // layout 3 and the node region as `pairs`, the node size as `bucket_size`. An update is planned
@@ -141,13 +136,22 @@ TORCH_LIBRARY(rtindex, m) {
   // measure of how far updates have stretched the chains), [num_buckets, 3] int64.
   m.def("cgrx_nodes_stats(Tensor nodes, int node_size, int num_buckets) -> Tensor");
 
+  // Runtime facts about the OptiX layer (CUDA builds).
+  m.def("optix_info(int device) -> int[]", &optix_info);
+}
+
+// Inspection and plumbing, apart from the public operators: what the tests and the package itself call.
+TORCH_LIBRARY(rtindex_internal, m) {
   // Scene inspection (CPU): the triangles of a key set and the rays of a batch, for the Embree check.
   m.def("scene_triangles(Tensor keys, int[] scene) -> Tensor");
   m.def("scene_point_rays(Tensor queries, int[] scene) -> Tensor");
   m.def("scene_range_rays(Tensor lo, Tensor hi, int[] scene, int max_range_rays) -> (Tensor, Tensor)");
-
-  // Runtime facts about the OptiX layer (CUDA builds).
-  m.def("optix_info(int device) -> int[]", &optix_info);
+  // One step of the OptiX ray search for every query (CPU; for the Embree test): state and hits of the last
+  // step in (None at the start), the new state and the next rays out (cgrx_cpu.cpp).
+  m.def(
+      "cgrx_scene_rays(Tensor queries, int[] scene, Tensor reps, int num_reps, int representation=0, "
+      "Tensor? state=None, Tensor? hits=None) -> (Tensor state, Tensor rays)");
+  // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
   m.def("config_schema() -> str", &config_schema);
 }

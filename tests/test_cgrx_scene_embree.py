@@ -117,7 +117,7 @@ def trace(scene, slots, tris, rays):
 
 def run_search(scene, slots, tris, q, cfg, reps_t, m, representation):
     """Runs the OptiX program's search with Embree as the ray tracer: (bucket found or -1, rays fired, y-ray hits)."""
-    state, rays = ops.cgrx_scene_rays(q, cfg, reps_t, m, representation)
+    state, rays = torch.ops.rtindex_internal.cgrx_scene_rays(q, cfg, reps_t, m, representation)
     fired = np.zeros(q.numel(), dtype=np.int64)
     y_hits = []  # (slot, back face) of every hit by a y-ray, whose face decides the next step
     for _ in range(6):
@@ -134,7 +134,7 @@ def run_search(scene, slots, tris, q, cfg, reps_t, m, representation):
         stage = state.numpy()[live, 0]
         yray = ((stage == NEXT_ROW) | (stage == PLANE_ROWS)) & (slot >= 0)
         y_hits.append(np.stack([slot[yray], back[yray]], axis=1))
-        state, rays = ops.cgrx_scene_rays(q, cfg, reps_t, m, representation, state, torch.from_numpy(hits))
+        state, rays = torch.ops.rtindex_internal.cgrx_scene_rays(q, cfg, reps_t, m, representation, state, torch.from_numpy(hits))
     assert (state.numpy()[:, 0] == DONE).all(), "a search fired more than five rays"
     return state.numpy()[:, 1], fired, np.concatenate(y_hits) if y_hits else np.zeros((0, 2), np.int64)
 

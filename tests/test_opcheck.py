@@ -218,19 +218,19 @@ def test_scene_operators(data):
     """CPU only: these operators exist to hand the scene to Embree."""
     keys, queries, lo, hi, _ = data
     k = ordered(keys)
-    opcheck(ops.scene_triangles.default, (k, SCENE))
-    opcheck(ops.scene_point_rays.default, (ordered(queries), SCENE))
+    opcheck(torch.ops.rtindex_internal.scene_triangles.default, (k, SCENE))
+    opcheck(torch.ops.rtindex_internal.scene_point_rays.default, (ordered(queries), SCENE))
     qlo, qhi = ops.map_ranges(lo, hi, 0)
-    opcheck(ops.scene_range_rays.default, (qlo, qhi, SCENE, 64))
-    opcheck(ops.scene_range_rays.default, (qlo, qhi, SCENE, 1))  # most ranges too wide: few rays
+    opcheck(torch.ops.rtindex_internal.scene_range_rays.default, (qlo, qhi, SCENE, 64))
+    opcheck(torch.ops.rtindex_internal.scene_range_rays.default, (qlo, qhi, SCENE, 1))  # most ranges too wide: few rays
     # Reference: a triangle is centred on its key's (x, y, z) cell; a range fires one ray per segment it touches
     # (aligned blocks of 2^21 keys, inside one row of 2^23; ranges of more than max_range_rays segments fire none).
-    tris = ops.scene_triangles(k, SCENE).double().numpy()
+    tris = torch.ops.rtindex_internal.scene_triangles(k, SCENE).double().numpy()
     u = k.numpy().view(np.uint64)
     centre = np.stack([(u & (2**23 - 1)).astype(np.float64), ((u >> 23) & (2**23 - 1)).astype(np.float64),
                        (u >> 46).astype(np.float64)], axis=1)
     np.testing.assert_allclose(tris.mean(axis=1), centre + [0, -1 / 6, 0], rtol=0, atol=1e-9)
-    owner, rays = ops.scene_range_rays(qlo, qhi, SCENE, 64)
+    owner, rays = torch.ops.rtindex_internal.scene_range_rays(qlo, qhi, SCENE, 64)
     ul, uh = qlo.numpy().view(np.uint64), qhi.numpy().view(np.uint64)
     segments = np.where(ul <= uh, (uh >> np.uint64(21)).astype(np.int64) - (ul >> np.uint64(21)).astype(np.int64) + 1, 0)
     segments = np.where(segments > 64, 0, segments)
@@ -361,11 +361,11 @@ def test_cgrx_scene_rays(data):
     q = ordered(queries)
     for representation in (0, 1):
         args = (q, CGRX_SCENE, reps, reps.numel(), representation, None, None)
-        opcheck(ops.cgrx_scene_rays.default, args)
-        state, rays = ops.cgrx_scene_rays(*args)
+        opcheck(torch.ops.rtindex_internal.cgrx_scene_rays.default, args)
+        state, rays = torch.ops.rtindex_internal.cgrx_scene_rays(*args)
         assert state.shape == (q.numel(), 2) and rays.shape == (q.numel(), 8)
         misses = torch.stack([torch.full_like(q, -1), torch.zeros_like(q)], dim=1)  # every first ray missed
-        opcheck(ops.cgrx_scene_rays.default, (q, CGRX_SCENE, reps, reps.numel(), representation, state, misses))
+        opcheck(torch.ops.rtindex_internal.cgrx_scene_rays.default, (q, CGRX_SCENE, reps, reps.numel(), representation, state, misses))
 
 
 class RecordRtindexCalls(TorchDispatchMode):
@@ -447,4 +447,4 @@ def test_state_export_operators(device, data, layout):
 def test_config_schema_matches_the_python_mirrors():
     from torch_rtindex import _config
 
-    assert ops.config_schema() == _config._schema()
+    assert torch.ops.rtindex_internal.config_schema() == _config._schema()

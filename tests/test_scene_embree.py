@@ -19,7 +19,7 @@ SCENES = {"rx": [23, 23, 18, 0, 0], "scaled": [23, 23, 18, 15, 25], "split": [22
 
 
 def make_scene(keys: torch.Tensor, scene):
-    tris = ops.scene_triangles(ops.map_keys(keys, 0), scene).numpy()
+    tris = torch.ops.rtindex_internal.scene_triangles(ops.map_keys(keys, 0), scene).numpy()
     s = embree_scene.EmbreeScene()
     embree_mesh.TriangleMesh(s, tris)
     return s, tris
@@ -56,7 +56,7 @@ def test_point_rays_hit_exactly_their_key(name, kind):
     scene_cfg = SCENES[name]
     scene, tris = make_scene(keys, scene_cfg)
     queries = point_queries(keys, 4000, gen)
-    rays = ops.scene_point_rays(ops.map_keys(queries, 0), scene_cfg).numpy()
+    rays = torch.ops.rtindex_internal.scene_point_rays(ops.map_keys(queries, 0), scene_cfg).numpy()
     res = scene.run(rays[:, 0:3].copy(), rays[:, 3:6].copy(), dists=rays[:, 7].copy(), output=1)
     lookup = {int(k): i for i, k in enumerate(keys.tolist())}
     expected = np.array([lookup.get(int(q), -1) for q in queries.tolist()])
@@ -75,7 +75,7 @@ def test_range_rays_hit_exactly_the_range(name, kind):
     scene_cfg = SCENES[name]
     scene, tris = make_scene(keys, scene_cfg)
     lo, hi = range_queries(keys, 300, gen, 3 * ROW)
-    owner, rays = ops.scene_range_rays(*ops.map_ranges(lo, hi, 0), scene_cfg, 1 << 20)
+    owner, rays = torch.ops.rtindex_internal.scene_range_rays(*ops.map_ranges(lo, hi, 0), scene_cfg, 1 << 20)
     hits = trace_all(scene, rays.numpy(), tris)
     got = [set() for _ in range(lo.numel())]
     for q, h in zip(owner.tolist(), hits):
@@ -90,7 +90,7 @@ def test_vertices_are_exact_at_the_extremes():
     # The largest coordinates on every axis: corners at p +- 1/2 must be representable (the probe's bug).
     keys = torch.tensor([-(2**63), 2**63 - 1, -1, 0], dtype=torch.int64)
     for scene_cfg in SCENES.values():
-        tris = ops.scene_triangles(ops.map_keys(keys, 0), scene_cfg).numpy().astype(np.float64)
+        tris = torch.ops.rtindex_internal.scene_triangles(ops.map_keys(keys, 0), scene_cfg).numpy().astype(np.float64)
         ordered = ops.map_keys(keys, 0).numpy().view(np.uint64)
         bx, by, bz, sy, sz = scene_cfg
         for t, key in zip(tris, ordered):

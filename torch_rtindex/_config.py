@@ -65,7 +65,7 @@ def _schema() -> str:
 
 def check_against_extension() -> None:
     """Raises if the compiled extension's enums or config layouts differ from these mirrors."""
-    native = torch.ops.rtindex.config_schema()
+    native = torch.ops.rtindex_internal.config_schema()
     if native != _schema():
         raise RuntimeError(
             "torch_rtindex: the compiled extension's configuration schema differs from the Python package's "

@@ -238,6 +238,6 @@ def load() -> dict:
             info_path.write_text(json.dumps(info, indent=2))
             _say(f"extension ready ({time.time() - start:.0f} s)")
     for name, path in programs.items():
-        torch.ops.rtindex.set_program_path(name, str(path))
+        torch.ops.rtindex_internal.set_program_path(name, str(path))
     _loaded = info
     return info

@@ -84,17 +84,17 @@ for _prefix in ("rx", "cgrx", "cgrx_optix"):
     _register_lookups(_prefix)
 
 
-@register_fake("rtindex::scene_triangles")
+@register_fake("rtindex_internal::scene_triangles")
 def _(keys, scene):
     return keys.new_empty((keys.shape[0], 3, 3), dtype=torch.float32)
 
 
-@register_fake("rtindex::scene_point_rays")
+@register_fake("rtindex_internal::scene_point_rays")
 def _(queries, scene):
     return queries.new_empty((queries.shape[0], 8), dtype=torch.float32)
 
 
-@register_fake("rtindex::scene_range_rays")
+@register_fake("rtindex_internal::scene_range_rays")
 def _(lo, hi, scene, max_range_rays):
     n = _dynamic_size()
     return lo.new_empty((n,), dtype=torch.int64), lo.new_empty((n, 8), dtype=torch.float32)
@@ -127,7 +127,7 @@ def _(reps, num_reps, scene, representation=0, pairs=None, bucket_size=1, layout
     return reps.new_empty((_dynamic_size(),), dtype=torch.uint8)
 
 
-@register_fake("rtindex::cgrx_scene_rays")
+@register_fake("rtindex_internal::cgrx_scene_rays")
 def _(queries, scene, reps, num_reps, representation=0, state=None, hits=None):
     n = queries.shape[0]
     return queries.new_empty((n, 2), dtype=torch.int64), queries.new_empty((n, 8), dtype=torch.float32)

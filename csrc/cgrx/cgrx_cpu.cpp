@@ -184,7 +184,8 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_optix_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_optix_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cpu);
-  m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu);
 }
+
+TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) { m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu); }
 
 }  // namespace rtindex::cgrx

@@ -64,7 +64,7 @@ std::tuple<at::Tensor, at::Tensor> scene_range_rays_cpu(const at::Tensor& lo, co
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
+TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("scene_triangles", &scene_triangles_cpu);
   m.impl("scene_point_rays", &scene_point_rays_cpu);
   m.impl("scene_range_rays", &scene_range_rays_cpu);
