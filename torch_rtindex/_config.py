@@ -47,12 +47,14 @@ RX_CONFIG_FIELDS = ("key_type", "unique_keys", "max_range_rays", "scene*5")
 def cgrx_config(key_type: str, layout: str, bucket_size: int, bucket_search: str, backend: str,
                 scene: list[int]) -> list[int]:
     """The ``int[] config`` of the cgRX lookup operators, in CGRX_CONFIG_FIELDS order."""
-    return [KeyType[key_type], Layout[layout], bucket_size, BucketSearch[bucket_search], Backend[backend], *scene]
+    # Plain ints: what the operator takes (and what torch.compile guards on by value).
+    return [int(KeyType[key_type]), int(Layout[layout]), bucket_size, int(BucketSearch[bucket_search]),
+            int(Backend[backend]), *scene]
 
 
 def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list[int]) -> list[int]:
     """The ``int[] config`` of the RX lookup operators, in RX_CONFIG_FIELDS order."""
-    return [KeyType[key_type], int(unique_keys), max_range_rays, *scene]
+    return [int(KeyType[key_type]), int(unique_keys), max_range_rays, *scene]
 
 
 def _schema() -> str:
