@@ -124,6 +124,8 @@ class IndexBase:
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"sort_queries must be True, False or None (decide per batch), got {value!r}")
         self._sort_queries = value
+        if "_forms" in self.__dict__:
+            self._sort_from = self._query_sort_threshold()
 
     # ------------------------------------------------------------------------------------ subclass hooks
     def _index_tensors(self) -> tuple[torch.Tensor, ...]:
@@ -151,6 +153,8 @@ class IndexBase:
         self._cfg = self._config(self.key_type)
         self._cfg_ordered = self._config("uint64")
         self._stream_uses = {}
+        self._cuda = self.device.type == "cuda"
+        self._sort_from = self._query_sort_threshold()
 
     def _capture_refusal(self) -> str | None:
         """Why this index's CUDA lookups cannot be captured in a CUDA graph, or None if they can."""
@@ -272,7 +276,7 @@ class IndexBase:
         """One lookup: checks, then the index's operator on the caller's queries (mapped inside the kernels);
         answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
         self._check_queries(lo, hi)
-        cuda = self.device.type == "cuda"
+        cuda = self._cuda
         if cuda and (needs_host_sync or self._capture_refusal() is not None):
             self._refuse_capture(method, needs_host_sync)
         extra = ()
@@ -298,12 +302,20 @@ class IndexBase:
         out = op(*self._lead, self._cfg_ordered, slo, shi, *extra)
         return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
-    def _wants_query_sort(self, n: int) -> bool:
-        if self._query_bits[1] == 0 or n >= 2**31:
-            return False  # one distinct key (or none): nothing to order by; the sort takes < 2^31 keys
+    def _query_sort_threshold(self) -> float:
+        """The batch size from which lookups sort their queries (infinite: never), decided once per build and
+        per change of :attr:`sort_queries`, so that a call compares one number."""
+        never = float("inf")
+        if self._query_bits[1] == 0:
+            return never  # one distinct key (or none): nothing to order by
         if self._sort_queries is not None:
-            return self._sort_queries
-        return self.device.type == "cuda" and self._traces_rays() and n >= QUERY_SORT_MIN_BATCH
+            return 0 if self._sort_queries else never
+        return QUERY_SORT_MIN_BATCH if self.device.type == "cuda" and self._traces_rays() else never
+
+    def _wants_query_sort(self, n: int) -> bool:
+        if self._sort_from == float("inf"):
+            return False  # decided without looking at n (no guard on a symbolic batch size when compiling)
+        return self._sort_from <= n < 2**31  # the sort takes fewer than 2^31 keys
 
     def _values(self, values: torch.Tensor) -> torch.Tensor:
         n, exact = self._num_values()

@@ -141,10 +141,13 @@ class IdToRow(torch.nn.Module):
         self._indexed = (ids, _version_counter(ids))
 
     def _index_is_current(self) -> bool:
-        if self._indexed is None:
+        indexed = self._indexed
+        if indexed is None:
             return False
-        ids, version = self._indexed
-        return ids is self.ids and (version is None or _version_counter(self.ids) == version)
+        # The buffer straight from _buffers: Module.__getattr__ costs more than the rest of this check.
+        ids = self._buffers.get("ids")
+        # A version of None: an inference tensor, which has no version counter (and cannot be written in place).
+        return indexed[0] is ids and (indexed[1] is None or ids._version == indexed[1])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Row indices (int64, same shape as ``ids``) of raw IDs of any shape; misses follow ``miss``.
@@ -158,7 +161,10 @@ class IdToRow(torch.nn.Module):
                 self.rebuild()
         if self._index is None:
             raise RuntimeError(f"IdToRow holds no index on device {self.ids.device}; move it to a real device")
-        rows = self._index.lookup(ids.reshape(-1).contiguous()).first_row.view(ids.shape)
+        if ids.dim() == 1 and ids.is_contiguous():  # the common batch: no reshape round trip
+            rows = self._index.lookup(ids).first_row
+        else:
+            rows = self._index.lookup(ids.reshape(-1).contiguous()).first_row.view(ids.shape)
         if self.miss == "default":
             rows = torch.where(rows < 0, self.default_row, rows)
         elif self.miss == "error":
