@@ -58,7 +58,67 @@ def default_layout(backend: str) -> str:
     return "aligned_row" if backend == "radix" else "packed_row"
 
 
-class CgRXIndex(IndexBase):
+class CgRXSearch(IndexBase):
+    """What every cgRX index is made of besides its storage: the representative search that finds a key's bucket
+    (``backend``: radix table, OptiX rays or binary search; representatives fixed at build), its OptiX scene
+    where it traces rays, and the cgRX lookup operators. How the (key, row ID) pairs are stored is the other
+    half, chosen by the class: sorted pairs in buckets (:class:`CgRXIndex`) or node chains that take updates
+    (:class:`~torch_rtindex.UpdatableCgRXIndex`). Each class carries only the settings it honours."""
+
+    _OPS = "cgrx"
+    range_rows_ascending = False
+
+    def _init_search(self, keys: torch.Tensor, key_type: str | None, backend: str, scene: SceneConfig | None) -> None:
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
+        self.key_type = resolve_key_type(keys, key_type)
+        self.key_dtype = keys.dtype
+        self.device = keys.device
+        self.requested_backend = backend  # what state_dict() keeps: "auto" is resolved again where it is loaded
+        self.backend = default_backend(self.device) if backend == "auto" else backend
+        # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
+        self.scene = scene or CGRX_SCENE
+
+    def _index_tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self._pairs, self._reps, self._table, self._scene)
+
+    def _op_family(self) -> str:
+        # The ray-tracing backend's operators carry the cudagraph_unsafe tag (csrc/ops.cpp says why).
+        return "cgrx_optix" if self.backend == "optix" and self.device.type == "cuda" else "cgrx"
+
+    def _traces_rays(self) -> bool:
+        return self.backend == "optix"
+
+    def _capture_refusal(self) -> str | None:
+        if self.backend != "optix":
+            return None  # plain CUDA kernels: capturable (verified with torch.cuda.graph replays)
+        return (
+            f"backend='optix' traces rays with OptiX, and {OPTIX_CAPTURE_REASON}; build the index with "
+            "backend='radix' or 'binary_search' (same answers, plain CUDA kernels) to capture its lookups"
+        )
+
+    def _no_scene(self) -> torch.Tensor:
+        return torch.empty(0, dtype=torch.uint8, device=self.device)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def memory(self) -> dict[str, int]:
+        """Bytes held on the index's device, per part (the caller's key tensor, only referenced, not counted)."""
+        return {
+            **self._storage_memory(),
+            "representatives": self._reps.nbytes,
+            "radix_table": self._table.nbytes,
+            "bvh": self._scene.nbytes,
+        }
+
+    def _storage_memory(self) -> dict[str, int]:
+        raise NotImplementedError
+
+
+class CgRXIndex(CgRXSearch):
     """A read-only cgRX index over a 1-D tensor of keys; row ID = position of the key in that tensor.
 
     Args:
@@ -82,8 +142,6 @@ class CgRXIndex(IndexBase):
     exports the keys from the index itself.
     """
 
-    _OPS = "cgrx"
-    range_rows_ascending = False
     _STATE_FORMAT = "torch_rtindex.CgRXIndex"
     _STATE_KEYS = ("keys", "key_type", "bucket_size", "layout", "bucket_search", "backend", "scene", "representation")
 
@@ -99,28 +157,18 @@ class CgRXIndex(IndexBase):
         scene: SceneConfig | None = None,
         representation: str = "optimized",
     ) -> None:
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         bucket_size = check_int(bucket_size, "bucket_size", 1, 2**30)
         if layout != "auto" and layout not in LAYOUTS:
             raise ValueError(f"layout must be 'auto' or one of {sorted(LAYOUTS)}, got {layout!r}")
         if bucket_search not in BUCKET_SEARCHES:
             raise ValueError(f"bucket_search must be one of {BUCKET_SEARCHES}, got {bucket_search!r}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
         if representation not in REPRESENTATIONS:
             raise ValueError(f"representation must be one of {sorted(REPRESENTATIONS)}, got {representation!r}")
-        self.key_type = resolve_key_type(keys, key_type)
-        self.key_dtype = keys.dtype
-        self.device = keys.device
+        self._init_search(keys, key_type, backend, scene)
         self.bucket_size = bucket_size
         self.bucket_search = bucket_search
-        self.requested_backend = backend  # what state_dict() keeps: "auto" is resolved again where it is loaded
-        self.backend = default_backend(self.device) if backend == "auto" else backend
-        self.requested_layout = layout  # likewise
+        self.requested_layout = layout  # like the backend: "auto" is resolved again where a state is loaded
         self.layout = default_layout(self.backend) if layout == "auto" else layout
-        # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
-        self.scene = scene or CGRX_SCENE
         self.representation = representation
         self._build(keys)
 
@@ -136,7 +184,7 @@ class CgRXIndex(IndexBase):
                 self._pairs, self.bucket_size, LAYOUTS[self.layout],
             )
         else:
-            self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+            self._scene = self._no_scene()
         self._note_key_span(ordered)
         self._prepare_lookups()
 
@@ -145,26 +193,8 @@ class CgRXIndex(IndexBase):
         self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _index_tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self._pairs, self._reps, self._table, self._scene)
-
     def _config(self, key_type: str) -> list[int]:
         return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list())
-
-    def _op_family(self) -> str:
-        # The ray-tracing backend's operators carry the cudagraph_unsafe tag (csrc/ops.cpp says why).
-        return "cgrx_optix" if self.backend == "optix" and self.device.type == "cuda" else "cgrx"
-
-    def _traces_rays(self) -> bool:
-        return self.backend == "optix"
-
-    def _capture_refusal(self) -> str | None:
-        if self.backend != "optix":
-            return None  # plain CUDA kernels: capturable (verified with torch.cuda.graph replays)
-        return (
-            f"backend='optix' traces rays with OptiX, and {OPTIX_CAPTURE_REASON}; build the index with "
-            "backend='radix' or 'binary_search' (same answers, plain CUDA kernels) to capture its lookups"
-        )
 
     # ---------------------------------------------------------------------------------- state and devices
     def _held_keys(self) -> torch.Tensor:
@@ -226,20 +256,8 @@ class CgRXIndex(IndexBase):
         return self
 
     # ----------------------------------------------------------------------------------------- reporting
-    def __len__(self) -> int:
-        return self._n
-
-    def memory(self) -> dict[str, int]:
-        """Bytes held on the index's device, per part (the caller's key tensor, only referenced, not counted)."""
-        return {
-            **self._storage_memory(),
-            "representatives": self._reps.nbytes,
-            "radix_table": self._table.nbytes,
-            "bvh": self._scene.nbytes,
-        }
-
     def _storage_memory(self) -> dict[str, int]:
-        """Bytes of the key/rowID storage (the part an updatable index keeps as node chains)."""
+        """Bytes of the sorted (key, row ID) pairs."""
         return {"pairs": self._pairs.nbytes}
 
     def __repr__(self) -> str:

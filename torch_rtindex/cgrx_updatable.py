@@ -19,7 +19,7 @@ import torch
 from ._keys import MAX_KEYS
 from ._base import format_bytes
 from ._config import cgrx_config
-from .cgrx import CgRXIndex, _ops
+from .cgrx import CgRXSearch, _ops
 from .results import UpdateResult
 from .scene import SceneConfig
 
@@ -61,7 +61,7 @@ def _check_max_node_reads(value: Any) -> float | None:
     return v
 
 
-class UpdatableCgRXIndex(CgRXIndex):
+class UpdatableCgRXIndex(CgRXSearch):
     """A cgRX index that takes batch updates. Same lookups as :class:`CgRXIndex`; row IDs are those given at
     build (positions) and at insertion (given, or the next free row IDs).
 
@@ -102,12 +102,14 @@ class UpdatableCgRXIndex(CgRXIndex):
         self.max_node_reads = _check_max_node_reads(max_node_reads)
         self.auto_rebuilds = 0
         self._node_reads = 1.0
-        super().__init__(keys, key_type=key_type, bucket_size=node_size // 2, backend=backend, scene=scene)
-        # What this index really holds, where the read-only index's settings do not apply: node chains instead
-        # of a pairs layout, and the naive scene (the optimized one reads the key after each representative
-        # in sorted pairs, which node chains do not keep in place).
-        self.layout = self.requested_layout = "nodes"
+        self._init_search(keys, key_type, backend, scene)
+        # What the node storage holds: buckets bulk-loaded with half a node, node chains instead of a pairs
+        # layout, and the naive scene (the optimized one reads the key after each representative in sorted
+        # pairs, which node chains do not keep in place).
+        self.bucket_size = node_size // 2
+        self.layout = "nodes"
         self.representation = "naive"
+        self._build(keys)
 
     # ------------------------------------------------------------------------------------------------ build
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
@@ -126,7 +128,7 @@ class UpdatableCgRXIndex(CgRXIndex):
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
         else:
-            self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+            self._scene = self._no_scene()
         self._note_key_span(ordered)
         self._prepare_lookups()
 
