@@ -16,7 +16,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 
 from . import _extension
-from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor
+from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries
 from .results import Aggregate, CappedMatches, Lookup, Matches
 
 IndexT = TypeVar("IndexT", bound="IndexBase")
@@ -263,13 +263,9 @@ class IndexBase:
     def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
         """The checks every query batch passes: a fast test of the common case, the explaining one otherwise."""
         dtype, device = self.key_dtype, self.device
-        if not (type(lo) is torch.Tensor and lo.dtype == dtype and lo.device == device and lo.dim() == 1
-                and lo.is_contiguous()):
-            check_key_tensor(lo, "queries" if hi is None else "lo", dtype=dtype, device=device)
-        if hi is not None:
-            check_key_tensor(hi, "hi", dtype=dtype, device=device)
-            if lo.numel() != hi.numel():
-                raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
+        if hi is not None or not (type(lo) is torch.Tensor and lo.dtype == dtype and lo.device == device
+                                  and lo.dim() == 1 and lo.is_contiguous()):
+            check_queries(lo, hi, dtype=dtype, device=device)
 
     def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
               values: torch.Tensor | None = None, capacity: Any = None) -> tuple:

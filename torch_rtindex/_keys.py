@@ -52,3 +52,12 @@ def check_key_tensor(t: torch.Tensor, name: str, *, dtype: torch.dtype, device: 
         raise ValueError(f"{name} is on {t.device} but the index is on {device}; move it with .to('{device}')")
     if not t.is_contiguous():
         raise ValueError(f"{name} is not contiguous; pass {name}.contiguous()")
+
+
+def check_queries(lo: torch.Tensor, hi: torch.Tensor | None, *, dtype: torch.dtype, device: torch.device) -> None:
+    """The checks every query batch passes, point (``hi`` None) or range, for every index class."""
+    check_key_tensor(lo, "queries" if hi is None else "lo", dtype=dtype, device=device)
+    if hi is not None:
+        check_key_tensor(hi, "hi", dtype=dtype, device=device)
+        if lo.numel() != hi.numel():
+            raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")

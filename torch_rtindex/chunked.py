@@ -72,7 +72,7 @@ from typing import Any
 import torch
 
 from ._base import VALUE_DTYPES, _ops, resolve_device
-from ._keys import KEY_TYPES, check_key_tensor, resolve_key_type
+from ._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
 from .cgrx import LAYOUTS, CgRXIndex
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 
@@ -719,14 +719,10 @@ class ChunkedIndex:
                 "ChunkedIndex lookups cannot be captured in a CUDA graph: every batch learns its queue sizes on the "
                 "host (and copies chunks in as needed)"
             )
+        check_queries(lo, hi, dtype=self.key_dtype, device=D)
         ops = _ops()
         if hi is None:
-            check_key_tensor(lo, "queries", dtype=self.key_dtype, device=D)
             return ops.map_keys(lo, KEY_TYPES[self.key_type]), None
-        check_key_tensor(lo, "lo", dtype=self.key_dtype, device=D)
-        check_key_tensor(hi, "hi", dtype=self.key_dtype, device=D)
-        if lo.numel() != hi.numel():
-            raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
         return ops.map_ranges(lo, hi, KEY_TYPES[self.key_type])
 
     def _check_values(self, values: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _extension
-from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, resolve_key_type
+from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from ..cgrx import CgRXIndex
 from ..cgrx_updatable import UpdatableCgRXIndex
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
@@ -415,12 +415,8 @@ class ShardedIndex:
         return out
 
     # ----------------------------------------------------------------------------------- query checking
-    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None, what: str = "queries") -> None:
-        check_key_tensor(lo, "lo" if hi is not None else what, dtype=self.key_dtype, device=self.device)
-        if hi is not None:
-            check_key_tensor(hi, "hi", dtype=self.key_dtype, device=self.device)
-            if lo.numel() != hi.numel():
-                raise ValueError(f"lo and hi must have the same length, got {lo.numel()} and {hi.numel()}")
+    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
+        check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
 
     def _map_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if hi is None:
