@@ -154,6 +154,7 @@ class IndexBase:
         self._cfg_ordered = self._config("uint64")
         self._stream_uses = {}
         self._cuda = self.device.type == "cuda"
+        self._capture_blocked = self._capture_refusal() is not None  # the backend decides it, once
         self._sort_from = self._query_sort_threshold()
 
     def _capture_refusal(self) -> str | None:
@@ -273,7 +274,7 @@ class IndexBase:
         answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
         self._check_queries(lo, hi)
         cuda = self._cuda
-        if cuda and (needs_host_sync or self._capture_refusal() is not None):
+        if cuda and (needs_host_sync or self._capture_blocked):
             self._refuse_capture(method, needs_host_sync)
         extra = ()
         if values is not None:
@@ -396,7 +397,7 @@ class IndexBase:
         """Whether this index's fixed-size lookups (``lookup``, ``range_lookup``, ``aggregate``,
         ``range_aggregate``, ``*_capped``) can be captured in a CUDA graph: CPU indexes trivially, CUDA indexes
         unless their lookups are OptiX launches."""
-        return self.device.type != "cuda" or self._capture_refusal() is None
+        return not self._cuda or not self._capture_blocked
 
     # ---------------------------------------------------------------------------------- state and devices
     def state_dict(self) -> dict[str, Any]:

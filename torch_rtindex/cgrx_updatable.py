@@ -353,10 +353,10 @@ class UpdatableCgRXIndex(CgRXSearch):
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=insert_rows)
 
     def _chain_totals(self) -> tuple[int, int, int, int]:
-        """(nodes in chains, pairs, node reads summed over the pairs, longest chain); one host sync."""
+        """(nodes in chains, pairs, node reads summed over the pairs, longest chain); one host sync (an index
+        always has a bucket: an empty build makes one)."""
         per_bucket = _ops().cgrx_nodes_stats(self._pairs, self.node_size, self.num_buckets)
-        nodes, pairs, reads = per_bucket.sum(0).tolist()
-        longest = int(per_bucket[:, 0].max()) if self.num_buckets else 0
+        nodes, pairs, reads, longest = torch.cat([per_bucket.sum(0), per_bucket[:, 0].amax().view(1)]).tolist()
         return nodes, pairs, reads, longest
 
     def _apply_rebuild_policy(self) -> None:
