@@ -6,6 +6,7 @@ benchmarks/results/<device>/small_batch_<commit>.json: one entry per method and 
 
     python benchmarks/small_batch_bench.py --log-keys 24 --log-queries 4 10 14 17 20 24
     python benchmarks/small_batch_bench.py --device cpu --log-keys 16 --log-queries 4 10      # CPU per-call cost
+    python benchmarks/small_batch_bench.py --breakdown --log-queries 4 14   # where one eager call's time goes
 """
 
 from __future__ import annotations
@@ -59,12 +60,58 @@ def graph_us(fn, iters: int) -> float | None:
     return per_call_us(g.replay, torch.device("cuda"), iters)
 
 
+def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> None:
+    """Prints the per-call cost of the pieces an eager lookup is made of (host view, as per_call_us), then the
+    Python functions an eager and a compiled lookup spend their time in (cProfile)."""
+    import cProfile
+    import pstats
+
+    cuda = dev.type == "cuda"
+    ix = torch_rtindex.CgRXIndex(keys)
+    op = ix._forms["lookup"]
+    for lq in log_queries:
+        q = keys[: 1 << lq].clone()
+        scratch = torch.empty(1 << lq, dtype=torch.int64, device=dev)
+        s = sorted_keys = torch.sort(keys)[0]
+        parts = {
+            "python call of nothing": lambda: None,
+            "torch.empty (one result)": lambda: torch.empty(q.numel(), dtype=torch.int64, device=dev),
+            "one tiny kernel (zero_)": lambda: scratch.zero_(),
+            "torch.searchsorted (one side)": lambda: torch.searchsorted(sorted_keys, q),
+            "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(s, q),
+            "the lookup operator alone": lambda: op(*ix._lead, ix._cfg, q, None),
+            "CgRXIndex.lookup": lambda: ix.lookup(q),
+        }
+        if cuda:
+            stream = torch.cuda.current_stream(dev)
+            parts["torch.cuda.current_stream(dev)"] = lambda: torch.cuda.current_stream(dev)
+            parts["Tensor.record_stream"] = lambda: q.record_stream(stream)
+        parts["torch.compiler.is_compiling()"] = torch.compiler.is_compiling
+        for name, fn in parts.items():
+            print(f"2^{lq:<3} {name:>36} {per_call_us(fn, dev, 5000):8.2f} us", flush=True)
+    q = keys[:1 << log_queries[0]].clone()
+    compiled = torch.compile(lambda x: ix.lookup(x), dynamic=False)
+    for title, fn in (("eager", lambda: ix.lookup(q)), ("compiled", lambda: compiled(q))):
+        for _ in range(20):
+            fn()
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(2000):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        prof.disable()
+        print(f"--- cProfile, 2000 {title} lookups of 2^{log_queries[0]} queries (tottime, top 14)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--log-keys", type=int, default=24)
     ap.add_argument("--log-queries", type=int, nargs="+", default=[4, 10, 14, 17, 20, 24])
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
+    ap.add_argument("--breakdown", action="store_true", help="print where one eager call's time goes, then stop")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -72,6 +119,9 @@ def main() -> int:
     gen = torch.Generator(device=dev).manual_seed(5)
     n = 1 << args.log_keys
     keys = torch.randint(-(2**63), 2**63 - 1, (n,), device=dev, generator=gen)
+    if args.breakdown:
+        breakdown(dev, keys, args.log_queries)
+        return 0
     sorted_keys, order = torch.sort(keys)
 
     def sa_lookup(q):

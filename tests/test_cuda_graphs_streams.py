@@ -9,9 +9,9 @@ and the CUDA context stays usable.
 
 Streams: lookups run on the caller's current stream; answers on a side stream equal eager ones; query
 tensors made on another stream and dropped right after the call are not reused before the lookup has read
-them (the API records the stream on its inputs); an index rebuilt on one stream while another still reads it
-keeps its old memory until that read is done (the API records the index's tensors on every stream that uses
-them); two indexes used concurrently from two streams both answer correctly.
+them (the operators record the stream on their inputs); an index rebuilt on one stream while another still
+reads it keeps its old memory until that read is done (the operators record the index's tensors on every stream
+that uses them); two indexes used concurrently from two streams both answer correctly.
 
 Everything but the first test needs CUDA; torch.cuda._sleep keeps a stream busy so that a missing stream
 record would show as a wrong answer, not pass by luck of timing.

@@ -129,8 +129,7 @@ class IndexBase:
 
     # ------------------------------------------------------------------------------------ subclass hooks
     def _index_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The operator arguments before ``config, lo, hi``: the index structure (also what the lookups read,
-        for the stream bookkeeping)."""
+        """The operator arguments before ``config, lo, hi``: the index structure the lookups read."""
         raise NotImplementedError
 
     def _config(self, key_type: str) -> list[int]:
@@ -152,7 +151,6 @@ class IndexBase:
         self._lead = self._index_tensors()
         self._cfg = self._config(self.key_type)
         self._cfg_ordered = self._config("uint64")
-        self._stream_uses = {}
         self._cuda = self.device.type == "cuda"
         self._capture_blocked = self._capture_refusal() is not None  # the backend decides it, once
         self._sort_from = self._query_sort_threshold()
@@ -191,7 +189,7 @@ class IndexBase:
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
             raise ValueError(f"{what} contain NaN, which has no place in a key order; drop or replace those rows")
         ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
-        self._record_stream_uses((keys,), index=False)  # read on this stream, maybe made on another
+        self._record_input_uses((keys,))
         return ordered
 
     def _note_key_span(self, ordered: torch.Tensor, already_sorted: bool = False) -> None:
@@ -238,27 +236,15 @@ class IndexBase:
                 "fixed-size answer and the true match count"
             )
 
-    def _record_stream_uses(self, inputs: tuple[torch.Tensor | None, ...], index: bool = True) -> None:
-        """Eager CUDA only: makes the (checked) inputs, and with ``index`` the index's own tensors, safe to use on
-        the current stream when they were made on another one (see the README, "CUDA graphs and streams")."""
+    def _record_input_uses(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """Eager CUDA builds: the inputs are read on the current stream, so a tensor made on another stream and
+        freed by the caller right after the call must not be handed out again before they have been read.
+        (Lookup operators record what they read themselves, in C++: csrc/core/cuda_utils.h record_uses.)"""
         if self.device.type != "cuda" or torch.compiler.is_compiling():
             return
         stream = torch.cuda.current_stream(self.device)
-        # Inputs: the operators read them on this stream, so a tensor made on another stream and freed by the
-        # caller right after the call must not be handed out again by that stream before they have run.
         for t in inputs:
-            if t is not None:
-                t.record_stream(stream)
-        if not index:
-            return
-        # The index: built on one stream, read on this one; when it is rebuilt or dropped, its memory must wait
-        # for this stream's lookups. Recorded once per structure and stream (record_stream on the stream that
-        # allocated a tensor is a no-op). _prepare_lookups starts a new record whenever those tensors change.
-        uses = self.__dict__.setdefault("_stream_uses", {})
-        if stream.stream_id not in uses:
-            for t in self._lead:
-                t.record_stream(stream)
-            uses[stream.stream_id] = True
+            t.record_stream(stream)
 
     # --------------------------------------------------------------------------------------------- lookups
     def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
@@ -273,18 +259,12 @@ class IndexBase:
         """One lookup: checks, then the index's operator on the caller's queries (mapped inside the kernels);
         answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
         self._check_queries(lo, hi)
-        cuda = self._cuda
-        if cuda and (needs_host_sync or self._capture_blocked):
+        if self._cuda and (needs_host_sync or self._capture_blocked):
             self._refuse_capture(method, needs_host_sync)
         extra = ()
         if values is not None:
-            checked = self._values(values)  # the caller's column, or a contiguous copy of it
-            extra = (checked,)
-            if cuda:
-                self._record_stream_uses((lo, hi, values, checked))
-        elif cuda:
-            self._record_stream_uses((lo, hi))
-        if capacity is not None:
+            extra = (self._values(values),)  # the caller's column, or a contiguous copy of it
+        elif capacity is not None:
             extra = (capacity,)
         op = self._forms[form]
         if form in ("lookup_csr", "lookup_csr_capped") or not self._wants_query_sort(lo.numel()):

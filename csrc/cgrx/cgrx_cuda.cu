@@ -151,6 +151,7 @@ struct Launch {
       check_same_device(scene_structure, pairs, "the scene", "the index");
       p.header = reinterpret_cast<const GasHeader*>(scene_structure.data_ptr());
     }
+    record_uses({&pairs, &reps, &table, &scene_structure, &lo, hi ? &*hi : nullptr});
   }
 
   void run(ResultMode mode) {
@@ -211,6 +212,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const a
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
   check_cgrx_values(values, l.p.storage, pairs);
+  record_uses({&values});
   return cuda_results::aggregate(l, lo.numel(), lo.options().dtype(at::kLong), values, false);
 }
 

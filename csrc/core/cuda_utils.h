@@ -2,9 +2,11 @@
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
+#include <initializer_list>
 
 namespace rtindex {
 
@@ -16,6 +18,16 @@ inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream().s
 inline unsigned grid_for(int64_t n) {
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535LL * 8)));
+}
+
+// Stream safety that costs the caller nothing: every tensor a lookup reads (queries, values, the index's own
+// structures) is marked as used on the current stream, so memory its owner frees right after the call (a batch
+// made on another stream, an index rebuilt or dropped) is not handed out again before the lookup has run. For
+// a tensor allocated on this stream, or memory the caching allocator does not own, this returns at once.
+inline void record_uses(std::initializer_list<const at::Tensor*> tensors) {
+  const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream();
+  for (const at::Tensor* t : tensors)
+    if (t && t->defined() && t->has_storage() && t->is_cuda()) c10::cuda::CUDACachingAllocator::recordStream(t->storage().data_ptr(), stream);
 }
 
 #define RTX_CHECK_LAUNCH() C10_CUDA_KERNEL_LAUNCH_CHECK()

@@ -78,6 +78,7 @@ struct Launch {
     p.scene = cfg.scene;
     p.unique_keys = cfg.unique_keys ? 1u : 0u;
     p.max_range_rays = static_cast<uint64_t>(cfg.max_range_rays);
+    record_uses({&structure, &keys, &lo, hi ? &*hi : nullptr});
   }
 
   // One optixLaunch per 2^30 queries (OptiX's launch-size limit); parameters go to a device buffer from the
@@ -152,6 +153,7 @@ std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure
   const RxConfig cfg = rx_config(config);
   Launch l(structure, keys, cfg, lo, hi);
   check_values(values, keys.numel(), keys);
+  record_uses({&values});
   return cuda_results::aggregate(l, l.q, keys.options(), values, l.p.num_keys == 0);
 }
 
