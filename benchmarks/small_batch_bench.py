@@ -7,6 +7,11 @@ benchmarks/results/<device>/small_batch_<commit>.json: one entry per method and 
     python benchmarks/small_batch_bench.py --log-keys 24 --log-queries 4 10 14 17 20 24
     python benchmarks/small_batch_bench.py --device cpu --log-keys 16 --log-queries 4 10      # CPU per-call cost
     python benchmarks/small_batch_bench.py --breakdown --log-queries 4 14   # where one eager call's time goes
+    python benchmarks/small_batch_bench.py --embedding --log-keys 20 --log-queries 10 14   # the example's step
+
+``--embedding`` times examples/embedding_bag.py's training step (forward, loss, backward; bags of 8 IDs, 2^q
+IDs per step) eager and compiled, with IdToRow inside and with the rows precomputed, so the index's share of a
+compiled step can be read against its share of an eager one.
 """
 
 from __future__ import annotations
@@ -89,6 +94,14 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
         parts["torch.compiler.is_compiling()"] = torch.compiler.is_compiling
         for name, fn in parts.items():
             print(f"2^{lq:<3} {name:>36} {per_call_us(fn, dev, 5000):8.2f} us", flush=True)
+        if cuda:  # the device's side: how long the lookup's kernels run, next to the host's time per call
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(200):
+                    ix.lookup(q)
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=6), flush=True)
     q = keys[:1 << log_queries[0]].clone()
     compiled = torch.compile(lambda x: ix.lookup(x), dynamic=False)
     for title, fn in (("eager", lambda: ix.lookup(q)), ("compiled", lambda: compiled(q))):
@@ -105,6 +118,45 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
         pstats.Stats(prof).sort_stats("tottime").print_stats(14)
 
 
+def embedding_steps(dev: torch.device, log_keys: int, log_queries: list[int], iters: int) -> list[dict]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from embedding_bag import ClickModel
+
+    gen = torch.Generator().manual_seed(7)
+    table_ids = torch.randint(-(2**63), 2**63 - 1, (1 << log_keys,), generator=gen)
+    model = ClickModel(table_ids, 16).to(dev)
+    rows_of = model.id_to_row
+
+    def step_ids(raw, labels):  # the example's step: IDs -> rows inside
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(raw), labels)
+        loss.backward()
+        return loss
+
+    def step_rows(rows, labels):  # the same step on rows found beforehand
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(model.head(model.bag(rows)).squeeze(-1), labels)
+        loss.backward()
+        return loss
+
+    out = []
+    for lq in log_queries:
+        bags = max(1, (1 << lq) // 8)
+        raw = table_ids[torch.randint(0, table_ids.numel(), (bags, 8), generator=gen)].to(dev)
+        labels = torch.rand(bags, generator=gen).to(dev)
+        rows = rows_of(raw)
+        entry = {"log_queries": lq}
+        for name, fn, arg in (("with_index", step_ids, raw), ("rows_given", step_rows, rows)):
+            torch._dynamo.reset()
+            compiled = torch.compile(fn)
+            entry[f"{name}_eager_us"] = per_call_us(lambda: fn(arg, labels), dev, iters)
+            entry[f"{name}_compiled_us"] = per_call_us(lambda: compiled(arg, labels), dev, iters)
+        for form in ("eager", "compiled"):
+            entry[f"index_share_{form}_us"] = entry[f"with_index_{form}_us"] - entry[f"rows_given_{form}_us"]
+        print(f"2^{lq:<3} embedding step: " + ", ".join(f"{k} {v:.1f}" for k, v in entry.items() if k != "log_queries"),
+              flush=True)
+        out.append(entry)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,6 +164,7 @@ def main() -> int:
     ap.add_argument("--log-queries", type=int, nargs="+", default=[4, 10, 14, 17, 20, 24])
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     ap.add_argument("--breakdown", action="store_true", help="print where one eager call's time goes, then stop")
+    ap.add_argument("--embedding", action="store_true", help="time the embedding example's step, then stop")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -121,6 +174,12 @@ def main() -> int:
     keys = torch.randint(-(2**63), 2**63 - 1, (n,), device=dev, generator=gen)
     if args.breakdown:
         breakdown(dev, keys, args.log_queries)
+        return 0
+    if args.embedding:
+        steps = embedding_steps(dev, args.log_keys, args.log_queries, 200)
+        name = torch.cuda.get_device_name(dev) if cuda else "cpu"
+        write_json({"device": name, "torch": torch.__version__, "commit": git_commit(), "log_keys": args.log_keys,
+                    "argv": sys.argv[1:], "embedding_steps": steps}, f"embedding_step_{git_commit()}", args.out)
         return 0
     sorted_keys, order = torch.sort(keys)
 
