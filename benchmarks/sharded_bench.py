@@ -139,7 +139,7 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     parts = [keys_for(r, n, dev, 1) for r in range(world)] if rank == 0 else None
     mine = parts[rank] if parts is not None else keys_for(rank, n, dev, 1)
     t = time.perf_counter()
-    idx = ShardedIndex(mine, index_factory=factory)
+    idx = ShardedIndex(mine, index_factory=factory, pipeline=1)  # "lookup": the stages one by one
     sync(dev)
     build_s = slowest(time.perf_counter() - t, dev)
     gq = torch.Generator(device=dev).manual_seed(77 + rank)

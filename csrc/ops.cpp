@@ -151,6 +151,18 @@ TORCH_LIBRARY(rtindex_internal, m) {
   m.def(
       "cgrx_scene_rays(Tensor queries, int[] scene, Tensor reps, int num_reps, int representation=0, "
       "Tensor? state=None, Tensor? hits=None) -> (Tensor state, Tensor rays)");
+  // Routing of a sharded index's point lookups (torch_rtindex/distributed/sharded.py, csrc/distributed): the
+  // queries (key dtype, mapped in the kernel) split into `chunks` contiguous chunks and grouped by send bucket
+  // (chunk-major, owner-minor; owner = searchsorted(splitters, key, right=True), splitters ascending ordered
+  // keys), as (ordered keys, each one's position in `queries`, counts [chunks, splitters + 1]). Stable on the
+  // CPU; on CUDA the order within a bucket may differ from call to call (at most 2048 buckets).
+  m.def("partition_queries(Tensor queries, int key_type, Tensor splitters, int chunks) -> (Tensor keys, Tensor positions, Tensor counts)");
+  // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
+  // local_to_global unless that is empty.
+  m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");
+  // Answer rows [n, 2] to the caller's order: column j of row i lands at positions[i] of output j (positions: a
+  // permutation of 0 .. n - 1).
+  m.def("scatter_answers(Tensor answers, Tensor positions) -> (Tensor, Tensor)");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
   m.def("config_schema() -> str", &config_schema);

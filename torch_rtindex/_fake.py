@@ -162,3 +162,24 @@ def _(nodes, node_size, del_keys, del_rows, del_offsets, ins_keys, ins_rows, ins
 def _(nodes, node_size, num_buckets):
     n = _dynamic_size()
     return nodes.new_empty((n,), dtype=torch.int64), nodes.new_empty((n,), dtype=torch.int32)
+
+
+@register_fake("rtindex_internal::partition_queries")
+def _(queries, key_type, splitters, chunks):
+    n = queries.shape[0]
+    return (
+        queries.new_empty((n,), dtype=torch.int64),
+        queries.new_empty((n,), dtype=torch.int64),
+        queries.new_empty((chunks, splitters.shape[0] + 1), dtype=torch.int64),
+    )
+
+
+@register_fake("rtindex_internal::pack_answers")
+def _(a, b, local_to_global):
+    return a.new_empty((a.shape[0], 2), dtype=torch.int64)
+
+
+@register_fake("rtindex_internal::scatter_answers")
+def _(answers, positions):
+    n = answers.shape[0]
+    return answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64)

@@ -31,6 +31,9 @@ from ..rx import RXIndex
 _SIGN = -(2**63)  # XOR with the sign bit: unsigned order of ordered keys as signed int64 order
 _I64_MAX = 2**63 - 1
 _FAILED = -2  # an answer slot of an owner whose local lookup failed (no real answer is ever -2)
+# Point lookups on CUDA go out in this many chunks by default, so that exchanges overlap local lookups.
+DEFAULT_CUDA_PIPELINE = 4
+_MAX_CUDA_BUCKETS = 2048  # chunks x ranks that partition_queries takes on CUDA (csrc/distributed/partition_checks.h)
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -83,6 +86,15 @@ def _ops():
 
 def _default_factory(updatable: bool) -> Callable[..., Any]:
     return UpdatableCgRXIndex if updatable else CgRXIndex
+
+
+def _default_pipeline(device: torch.device) -> int:
+    return DEFAULT_CUDA_PIPELINE if device.type == "cuda" else 1
+
+
+def _internal():
+    _extension.load()
+    return torch.ops.rtindex_internal
 
 
 class _Stages:
@@ -140,7 +152,9 @@ class ShardedIndex:
         sample_size: keys per rank sampled to choose the splitters.
         pipeline: split the point lookups of :meth:`lookup` and :meth:`aggregate` into this many chunks whose
             exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no pipelining;
-            the same on every rank). The attribute may be changed between calls, on every rank alike.
+            the same on every rank). Default: ``DEFAULT_CUDA_PIPELINE`` on CUDA, 1 on the CPU (gloo's
+            collectives block the caller, so there is nothing to overlap). The attribute may be changed between
+            calls, on every rank alike.
         profile: record per-stage times (synchronizing the device between stages) for :meth:`stats`.
 
     Shards hold nearly equal numbers of keys whatever their distribution, except that all keys equal to one
@@ -178,10 +192,12 @@ class ShardedIndex:
         index_factory: Callable[..., Any] | None = None,
         updatable: bool = False,
         sample_size: int = 4096,
-        pipeline: int = 1,
+        pipeline: int | None = None,
         profile: bool = False,
     ) -> None:
         self._setup(group, index_factory, updatable, profile)
+        if pipeline is None:
+            pipeline = _default_pipeline(keys.device if isinstance(keys, torch.Tensor) else torch.device("cpu"))
         if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
             raise ValueError(f"pipeline must be a positive int, got {pipeline!r}")
         self.pipeline = pipeline
@@ -529,12 +545,13 @@ class ShardedIndex:
         if values is not None:
             self._disagree(heads, 5, "the value dtype", lambda v: str(_VALUE_DTYPES[v]) if v >= 0 else "?")
             local_values = self._route_values(values, st, all(h[_HEAD + 1] for h in heads))
-        qlo, qhi = self._map_queries(lo, hi)
-        if hi is None and self.pipeline > 1:
-            out = self._pipelined(op, qlo, local_values, values.dtype if values is not None else None, st)
-            st.stats.update(queries=lo.numel(), pipelined=self.pipeline)
+        chunks = self._point_chunks() if hi is None else 0
+        if chunks:
+            out = self._points(op, lo, local_values, values.dtype if values is not None else None, chunks, st)
+            st.stats.update(queries=lo.numel(), pipelined=chunks)
             self._last_stats = st.stats
             return out
+        qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi = self._pieces(qlo, qhi)
         cols = [plo] if hi is None else [plo, phi]
         got, order, send_splits, recv_splits = self._send_pieces(owner, cols, st)
@@ -562,14 +579,15 @@ class ShardedIndex:
 
     def _raise_failed(self, op: str, err: BaseException | None, flags: torch.Tensor, splits: list[int]) -> None:
         """After a return exchange: raise if this rank's local lookup failed, or if answers came back marked
-        failed (``flags``: per received answer, ``splits[d]`` of them from rank d, in rank order). One host
-        synchronization."""
+        failed (``flags``: per received answer, ``splits[j]`` of them from rank j % world: rank order, or
+        chunk-major, rank-minor). One host synchronization."""
         if err is not None:
             raise ShardedIndexError(f"ShardedIndex.{op}: the local lookup failed on rank {self.rank}: "
                                     f"{type(err).__name__}: {err}", {self.rank: str(err)}) from err
         if flags.numel() and bool(flags.any()):
             ends = torch.tensor(splits, device=flags.device).cumsum(0)
-            owners = sorted(set(torch.searchsorted(ends, flags.nonzero()[:, 0], right=True).tolist()))
+            segments = torch.searchsorted(ends, flags.nonzero()[:, 0], right=True)
+            owners = sorted(set((segments % self.world).tolist()))
             raise ShardedIndexError(
                 f"ShardedIndex.{op}: the local lookup failed on rank(s) {owners}, which own some of rank "
                 f"{self.rank}'s queries (see the error raised there); the index is unchanged"
@@ -577,64 +595,90 @@ class ShardedIndex:
 
     def _local_per_query(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None,
                          values: torch.Tensor | None) -> torch.Tensor:
-        """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits)."""
+        """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits), written in one
+        pass that also makes the local row IDs global (pack_answers)."""
         loc = self._local
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
-            return torch.stack([self._to_global(r.first_row), r.count.to(torch.int64)], dim=1)
+            return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g)
         a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
-        return torch.stack([a.count.to(torch.int64), s], dim=1)
+        return _internal().pack_answers(a.count.to(torch.int64), s, self._l2g[:0])
 
-    def _pipelined(self, op: str, qlo: torch.Tensor, values: torch.Tensor | None, value_dtype, st: _Stages):
-        """Point lookups in ``self.pipeline`` chunks: every chunk's queries go out asynchronously at once; then
-        per chunk, wait for its queries, look them up, send the answers back asynchronously, so exchanges
-        overlap the local lookups of other chunks (on CUDA, NCCL runs them on its own stream)."""
-        n, C = qlo.numel(), self.pipeline
-        bounds = [n * i // C for i in range(C + 1)]
-        parts = []
-        for i in range(C):
-            c = qlo[bounds[i]:bounds[i + 1]]
-            order, counts = self._partition(self._route(c))
-            parts.append((c[order], order, counts))
+    def _point_chunks(self) -> int:
+        """Chunks of a point lookup through partition_queries (0: through the pieces path instead). The same on
+        every rank: the pipeline setting is agreed in the call header."""
+        if self.device.type != "cuda":
+            return self.pipeline
+        if self.world > _MAX_CUDA_BUCKETS:
+            return 0
+        return max(1, min(self.pipeline, _MAX_CUDA_BUCKETS // self.world))
+
+    def _points(self, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dtype, chunks: int,
+                st: _Stages):
+        """Point lookups: the queries mapped, routed and grouped by (chunk, owner) in one pass
+        (partition_queries); the counts of every chunk exchanged at once (the only host synchronization before
+        the answers are in); then per chunk the queries out, the local lookup and the answers back. With
+        several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
+        overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
+        caller's order in one pass (scatter_answers)."""
+        internal = _internal()
+        n, W, C = lo.numel(), self.world, chunks
+        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
         st.mark("partition")
-        send_counts = torch.stack([p[2] for p in parts], dim=1).contiguous()  # row d: every chunk's count to rank d
+        send_counts = counts.t().contiguous()  # row d: every chunk's count to rank d
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        sc, rc = send_counts.t().tolist(), recv_counts.t().tolist()  # [chunk][rank]
+        both = torch.stack([send_counts, recv_counts]).tolist()
+        sc = [[both[0][d][c] for d in range(W)] for c in range(C)]  # [chunk][rank]
+        rc = [[both[1][d][c] for d in range(W)] for c in range(C)]
+        starts = [0]
+        for c in range(C):
+            starts.append(starts[-1] + sum(sc[c]))
+        overlap = C > 1
         outgoing = []
-        for i in range(C):
-            got = parts[i][0].new_empty(sum(rc[i]))
-            work = dist.all_to_all_single(got, parts[i][0], rc[i], sc[i], group=self.group, async_op=True)
-            st.moved(parts[i][0], got, sc[i])
+        for c in range(C):
+            part = keys[starts[c]:starts[c + 1]]
+            got = keys.new_empty(sum(rc[c]))
+            work = dist.all_to_all_single(got, part, rc[c], sc[c], group=self.group, async_op=overlap)
+            st.moved(part, got, sc[c])
             outgoing.append((got, work))
+        if not overlap:
+            st.mark("exchange")
+        back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
         returns, err = [], None
-        for i in range(C):
-            got, work = outgoing[i]
-            work.wait()
+        for c in range(C):
+            got, work = outgoing[c]
+            if work is not None:
+                work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
                                    lambda: torch.full((got.numel(), 2), _FAILED, dtype=torch.int64, device=self.device))
             err = err or e
-            back = ans.new_empty((sum(sc[i]), 2))
-            work = dist.all_to_all_single(back, ans, sc[i], rc[i], group=self.group, async_op=True)
-            st.moved(ans, back, rc[i])
-            returns.append((back, work, ans))  # ans stays referenced until its send is done
-        st.mark("local")  # exchanges, local lookups and returns, overlapped
-        outs = []
-        for i in range(C):
-            returns[i][1].wait()
-        # Failure marks regrouped by owner (chunk by chunk they come in owner order).
-        marks = [(r[0] == _FAILED).all(dim=1) for r in returns]
-        by_owner = [m.split(sc[i]) for i, m in enumerate(marks)]
-        self._raise_failed(op, err, torch.cat([b[d] for d in range(self.world) for b in by_owner]),
-                           [sum(sc[i][d] for i in range(C)) for d in range(self.world)])
-        for i in range(C):
-            back, work, _ = returns[i]
-            q = torch.arange(bounds[i + 1] - bounds[i], device=self.device)
-            outs.append(self._combine(op, back, parts[i][1], q, q.numel(), value_dtype))
-        out = type(outs[0])(*(torch.cat([o[j] for o in outs]) for j in range(2)))
+            if not overlap:
+                st.mark("local")
+            dest = back[starts[c]:starts[c + 1]]
+            work = dist.all_to_all_single(dest, ans, sc[c], rc[c], group=self.group, async_op=overlap)
+            st.moved(ans, dest, rc[c])
+            returns.append((work, ans))  # ans stays referenced until its send is done
+        # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
+        failed = torch.zeros(1, dtype=torch.int64, device=self.device)
+        if err is not None:
+            failed.fill_(1)
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
+        for work, _ in returns:
+            if work is not None:
+                work.wait()
+        st.mark("local" if overlap else "return")
+        first, second = internal.scatter_answers(back, positions)
+        if err is not None or bool(failed):
+            count_col = 0 if "aggregate" in op else 1
+            self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
         st.mark("scatter")
-        return out
+        if "aggregate" in op:
+            if value_dtype is not None and value_dtype.is_floating_point:
+                second = second.view(torch.float64)
+            return Aggregate(first, second)
+        return Lookup(first, second)
 
     def _combine(self, op: str, back: torch.Tensor, order: torch.Tensor, query: torch.Tensor, n: int,
                  value_dtype: torch.dtype | None, dropped: torch.Tensor | None = None):
@@ -1125,6 +1169,7 @@ class ShardedIndex:
             state["local_to_global"].device if isinstance(state, dict) and isinstance(state.get("local_to_global"), torch.Tensor)
             else torch.device("cpu"))
         self.device = dev
+        self.pipeline = _default_pipeline(dev)
 
         def validate():
             if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
@@ -1204,6 +1249,7 @@ class ShardedIndex:
         a, b = n * self.rank // self.world, n * (self.rank + 1) // self.world
         keys = state["keys"][a:b].to(dev).contiguous()
         rows = state["rows"][a:b].to(dev).contiguous()
+        self.pipeline = _default_pipeline(dev)
         self._build(keys, state["key_type"], rows=rows, mapped=True, num_rows=state["num_rows"],
                     key_dtype=getattr(torch, state["key_dtype"]))
         return self

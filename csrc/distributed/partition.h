@@ -1,0 +1,38 @@
+// Routing of point queries in a sharded index (torch_rtindex/distributed/sharded.py), shared by the CPU and
+// CUDA kernels of partition_queries: which rank owns an ordered key, and which send bucket a query goes to.
+#pragma once
+
+#include <cstdint>
+
+#include "../core/keys.h"
+
+namespace rtindex {
+
+// The rank owning ordered key k: the number of splitters <= k. Splitters are ascending ordered keys, one fewer
+// than ranks; rank r holds [splitters[r - 1], splitters[r]). (searchsorted(splitters, k, right=True).)
+RTX_HD int64_t owner_of(uint64_t k, const uint64_t* splitters, int64_t num_splitters) {
+  int64_t lo = 0, hi = num_splitters;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) >> 1;
+    if (splitters[mid] <= k) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Query i of n in `chunks` contiguous chunks: chunk c holds queries [ceil(c n / chunks), ceil((c + 1) n / chunks)).
+// The caller checks that n * chunks fits in 64 bits.
+RTX_HD int64_t chunk_of(uint64_t i, uint64_t n, uint64_t chunks) {
+  return chunks == 1 ? 0 : static_cast<int64_t>(i * chunks / n);  // a 64-bit division only where there are chunks
+}
+
+// The send bucket: chunk-major, owner-minor, so that each chunk's send buffer is contiguous and in rank order.
+RTX_HD int64_t send_bucket(uint64_t i, uint64_t n, int64_t chunks, uint64_t key, const uint64_t* splitters,
+                           int64_t num_splitters) {
+  return chunk_of(i, n, static_cast<uint64_t>(chunks)) * (num_splitters + 1) + owner_of(key, splitters, num_splitters);
+}
+
+}  // namespace rtindex

@@ -1,0 +1,46 @@
+// Argument checks of the sharded-index routing operators, shared by their CPU and CUDA kernels.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <limits>
+
+#include "../core/checks.h"
+
+namespace rtindex {
+
+// The CUDA kernel keeps the splitters and one counter per bucket in shared memory.
+constexpr int64_t kMaxPartitionBuckets = 2048;
+
+inline void check_partition_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,
+                                 int64_t chunks) {
+  TORCH_CHECK(queries.dim() == 1, "queries must be a 1-D tensor, got ", queries.dim(), " dimensions");
+  const KeyType t = key_type_from_int(key_type);
+  TORCH_CHECK(dtype_holds(queries.scalar_type(), t), "queries have dtype ", queries.scalar_type(),
+              " but the index holds ", key_type_name(t), " keys");
+  check_ordered_keys(splitters, "splitters");
+  check_same_device(queries, splitters, "queries", "splitters");
+  TORCH_CHECK(chunks >= 1, "chunks must be positive, got ", chunks);
+  // chunk_of computes i * chunks in 64 bits.
+  TORCH_CHECK(queries.numel() <= std::numeric_limits<int64_t>::max() / chunks, "too many queries (", queries.numel(), ") for ", chunks,
+              " chunks");
+}
+
+inline void check_answers(const at::Tensor& answers, const at::Tensor& positions) {
+  TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
+              "answers must be an int64 tensor [n, 2], got ", answers.scalar_type(), " ", answers.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == answers.size(0),
+              "positions must be an int64 tensor with one entry per answer");
+  check_same_device(answers, positions, "answers", "positions");
+}
+
+inline void check_pack_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
+  TORCH_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel(), "a and b must be 1-D of one length");
+  TORCH_CHECK(a.scalar_type() == at::kLong && b.scalar_type() == at::kLong, "a and b must be int64");
+  TORCH_CHECK(local_to_global.dim() == 1 && local_to_global.scalar_type() == at::kLong,
+              "local_to_global must be a 1-D int64 tensor");
+  check_same_device(a, b, "a", "b");
+  check_same_device(a, local_to_global, "a", "local_to_global");
+}
+
+}  // namespace rtindex

@@ -1,0 +1,210 @@
+// CUDA kernels of the sharded-index routing operators (same routing as partition_cpu.cpp, from partition.h).
+// partition_queries: a counting kernel (per-block histogram in shared memory, then one global atomic per
+// bucket and block), an exclusive scan of the small count array, and a scatter kernel in which each block
+// reserves its slots per bucket with one global atomic. Order within a bucket is not stable (blocks reserve in
+// any order); the positions travel with the keys, so every answer still lands at its query.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "../core/cuda_utils.h"
+#include "../core/queries.h"
+#include "partition.h"
+#include "partition_checks.h"
+
+namespace rtindex {
+namespace {
+
+constexpr int kItems = 8;  // queries per thread per tile
+constexpr int kTile = kBlock * kItems;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Shared memory of both partition kernels: the splitters, then per bucket a 64-bit base and a 32-bit counter.
+inline size_t partition_smem(int64_t num_splitters, int64_t buckets) {
+  return static_cast<size_t>(num_splitters) * 8 + static_cast<size_t>(buckets) * 12;
+}
+
+// Lanes of a warp adding one to the same shared counter are served by one atomic (few buckets: a warp's lanes
+// mostly agree, and 32 lanes on one shared address would serialize). Returns this lane's slot; bucket < 0 (no
+// query) takes none. Every lane of the warp must call it.
+__device__ __forceinline__ unsigned warp_claim(unsigned* counters, int bucket) {
+  const unsigned peers = __match_any_sync(kFullMask, bucket);
+  const int lane = threadIdx.x & 31;
+  const int leader = __ffs(peers) - 1;
+  unsigned first = 0;
+  if (lane == leader && bucket >= 0) first = atomicAdd(&counters[bucket], static_cast<unsigned>(__popc(peers)));
+  first = __shfl_sync(kFullMask, first, leader);
+  return first + __popc(peers & ((1u << lane) - 1u));
+}
+
+template <KeyType T>
+__global__ void partition_count_kernel(const void* __restrict__ queries, int64_t n, const uint64_t* __restrict__ splitters,
+                                       int64_t num_splitters, int64_t chunks, int64_t buckets,
+                                       unsigned long long* __restrict__ counts) {
+  extern __shared__ unsigned long long smem[];
+  uint64_t* s_split = reinterpret_cast<uint64_t*>(smem);
+  unsigned* s_count = reinterpret_cast<unsigned*>(smem + num_splitters + buckets);
+  for (int64_t j = threadIdx.x; j < num_splitters; j += blockDim.x) s_split[j] = splitters[j];
+  for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) s_count[b] = 0;
+  __syncthreads();
+  const uint64_t un = static_cast<uint64_t>(n);
+  // Tiles are uniform per block (and items per warp), so every lane reaches warp_claim together.
+  for (int64_t tile = blockIdx.x * int64_t(kTile); tile < n; tile += int64_t(gridDim.x) * kTile) {
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = tile + j * kBlock + threadIdx.x;
+      int bucket = -1;
+      if (i < n) bucket = static_cast<int>(send_bucket(i, un, chunks, ordered_query<T>(queries, i), s_split, num_splitters));
+      warp_claim(s_count, bucket);
+    }
+  }
+  __syncthreads();
+  for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x)
+    if (s_count[b]) atomicAdd(&counts[b], static_cast<unsigned long long>(s_count[b]));
+}
+
+template <KeyType T>
+__global__ void partition_scatter_kernel(const void* __restrict__ queries, int64_t n,
+                                         const uint64_t* __restrict__ splitters, int64_t num_splitters, int64_t chunks,
+                                         int64_t buckets, unsigned long long* __restrict__ cursor,
+                                         uint64_t* __restrict__ out_keys, int64_t* __restrict__ out_pos) {
+  extern __shared__ unsigned long long smem[];
+  uint64_t* s_split = reinterpret_cast<uint64_t*>(smem);
+  unsigned long long* s_base = smem + num_splitters;
+  unsigned* s_count = reinterpret_cast<unsigned*>(smem + num_splitters + buckets);
+  for (int64_t j = threadIdx.x; j < num_splitters; j += blockDim.x) s_split[j] = splitters[j];
+  const uint64_t un = static_cast<uint64_t>(n);
+  for (int64_t tile = blockIdx.x * int64_t(kTile); tile < n; tile += int64_t(gridDim.x) * kTile) {
+    __syncthreads();  // the last tile's s_base reads are done (and, the first time, the splitters are loaded)
+    for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) s_count[b] = 0;
+    __syncthreads();
+    uint64_t key[kItems];
+    int bucket[kItems];
+    unsigned slot[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = tile + j * kBlock + threadIdx.x;
+      bucket[j] = -1;
+      key[j] = 0;
+      if (i < n) {
+        key[j] = ordered_query<T>(queries, i);
+        bucket[j] = static_cast<int>(send_bucket(i, un, chunks, key[j], s_split, num_splitters));
+      }
+      slot[j] = warp_claim(s_count, bucket[j]);
+    }
+    __syncthreads();
+    for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) {
+      const unsigned c = s_count[b];
+      if (c) s_base[b] = atomicAdd(&cursor[b], static_cast<unsigned long long>(c));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (bucket[j] < 0) continue;
+      const int64_t dst = static_cast<int64_t>(s_base[bucket[j]] + slot[j]);
+      out_keys[dst] = key[j];
+      out_pos[dst] = tile + j * kBlock + threadIdx.x;
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::Tensor& queries, int64_t key_type,
+                                                                      const at::Tensor& splitters, int64_t chunks) {
+  check_partition_args(queries, key_type, splitters, chunks);
+  const c10::cuda::CUDAGuard guard(queries.device());
+  const at::Tensor q = queries.contiguous();
+  const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
+  const int64_t buckets = chunks * world;
+  TORCH_CHECK(buckets <= kMaxPartitionBuckets, "partition_queries on CUDA takes at most ", kMaxPartitionBuckets,
+              " buckets (chunks x ranks), got ", buckets);
+  at::Tensor keys = at::empty({n}, q.options().dtype(at::kLong));
+  at::Tensor positions = at::empty({n}, q.options().dtype(at::kLong));
+  at::Tensor counts = at::zeros({chunks, world}, q.options().dtype(at::kLong));
+  if (n == 0) return {keys, positions, counts};
+
+  const size_t smem = partition_smem(num_splitters, buckets);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+  const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
+  auto* count_ptr = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
+  const cudaStream_t stream = current_stream();
+  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
+    constexpr KeyType T = decltype(tag)::value;
+    partition_count_kernel<T><<<grid, kBlock, smem, stream>>>(q.data_ptr(), n, split, num_splitters, chunks, buckets,
+                                                               count_ptr);
+  });
+  RTX_CHECK_LAUNCH();
+  // Each bucket's first slot: the exclusive scan of the counts (bucket-major order is chunk-major, owner-minor).
+  const at::Tensor flat = counts.view({-1});
+  at::Tensor cursor = flat.cumsum(0).sub_(flat);
+  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
+    constexpr KeyType T = decltype(tag)::value;
+    partition_scatter_kernel<T><<<grid, kBlock, smem, stream>>>(
+        q.data_ptr(), n, split, num_splitters, chunks, buckets,
+        reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
+        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), positions.data_ptr<int64_t>());
+  });
+  RTX_CHECK_LAUNCH();
+  return {keys, positions, counts};
+}
+
+__global__ void pack_answers_kernel(const int64_t* __restrict__ a, const int64_t* __restrict__ b,
+                                    const int64_t* __restrict__ map, int64_t m, int64_t n, longlong2* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t v = a[i];
+    if (m > 0 && v >= 0) v = v < m ? map[v] : -1;  // past the map cannot come from a local index; never read there
+    out[i] = make_longlong2(v, b[i]);
+  }
+}
+
+at::Tensor pack_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
+  check_pack_args(a, b, local_to_global);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous(), l2g = local_to_global.contiguous();
+  const int64_t n = ca.numel();
+  at::Tensor out = at::empty({n, 2}, ca.options());  // 16-byte aligned rows: the caching allocator aligns to 512
+  if (n == 0) return out;
+  pack_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+      ca.data_ptr<int64_t>(), cb.data_ptr<int64_t>(), l2g.data_ptr<int64_t>(), l2g.numel(), n,
+      reinterpret_cast<longlong2*>(out.data_ptr<int64_t>()));
+  RTX_CHECK_LAUNCH();
+  return out;
+}
+
+__global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t n,
+                                       int64_t* __restrict__ first, int64_t* __restrict__ second) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t p = pos[j];
+    if (p < 0 || p >= n) continue;  // not a permutation: the CPU kernel raises; here the write is dropped
+    const longlong2 v = ans[j];
+    first[p] = v.x;
+    second[p] = v.y;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
+  check_answers(answers, positions);
+  const c10::cuda::CUDAGuard guard(answers.device());
+  const at::Tensor pos = positions.contiguous();
+  // The rows are read as 16-byte vectors: a contiguous tensor whose storage starts 16-byte aligned.
+  at::Tensor ans = answers.contiguous();
+  if (reinterpret_cast<uintptr_t>(ans.data_ptr()) % 16 != 0) ans = ans.clone();
+  const int64_t n = ans.size(0);
+  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  if (n == 0) return {first, second};
+  scatter_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), n,
+      first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+  return {first, second};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
+  m.impl("partition_queries", &partition_queries_cuda);
+  m.impl("pack_answers", &pack_answers_cuda);
+  m.impl("scatter_answers", &scatter_answers_cuda);
+}
+
+}  // namespace rtindex
