@@ -8,22 +8,21 @@ lives in host memory (pinned where CUDA is available) as one contiguous blob; a 
 
 A lookup batch is **partitioned** by chunk on the queries' device in one pass (chunk id by a binary search over the
 chunk boundaries, a stable sort by chunk id, counts): one **queue** per chunk. A range that spans chunks becomes one
-piece per chunk. Two processors then serve the queues at the same time, each asking a **scheduler** for its next
-queue when it is ready (the paper's on-demand scheme):
+piece per chunk. Two processors then serve the queues at the same time: the GPU (the calling thread: a chunk not
+in the cache is copied in on a copy stream, overlapping the lookups of the previous one; at most
+``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
+release the GIL).
 
-- the GPU (the calling thread) takes first the queues whose chunk is in the cache (largest first), then the
-  largest queue of at least the **critical mass** among the others: it copies that chunk into the cache on a copy
-  stream (waiting, on the GPU, only for the last lookup that read the space it reuses), so the copy of one chunk
-  overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight. When only queues
-  below the critical mass are left, it takes the largest of them if the CPU's backlog would outlast its copy;
-- the CPU (a worker thread; torch operators release the GIL) takes the smallest queues whose chunk is not in the
-  cache and answers them from the host copy with the CPU kernels. It never takes a queue the GPU holds the chunk
-  for, and a queue of at least the critical mass only if it would finish it before the GPU is done copying the
-  other chunks in. GPU (largest first) and CPU (smallest first) meet in the middle of the list.
-
-The critical mass (``critical_mass``; ``None``: automatic) is the queue size at which copying the chunk in
-(chunk bytes / copy rate) costs as much as answering the queue on the CPU (size / CPU lookup rate), with both
-rates measured on earlier batches (exponential averages; conservative guesses before the first).
+**Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
+rate, size / GPU rate)`` (no copy when the chunk is cached). Queues go, in order of CPU cost over GPU cost, to the
+processor whose projected finish with the queue is earlier, then single queues move off the processor that ends
+last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
+end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the
+paper's scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it
+before the other got through its backlog. The rates are calibrated once on the first batch that uses both
+processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch
+(exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a
+fixed rule: the GPU takes cached chunks' queues and others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -36,10 +35,14 @@ fall only between distinct keys, so every key's rows live in one chunk (a point 
 of equal keys longer than a chunk makes one larger chunk. Row IDs are int64 positions: more than 2^32 keys are
 fine, as long as no chunk holds 2^32 keys or more.
 
-**Hot keys**: point lookups (:meth:`ChunkedIndex.lookup`) first consult a small tier of the hottest keys' answers
-(learned from a sample of every batch, scores decayed per batch, the best ``hot_keys`` kept), on the queries'
-device; only the other queries go through the chunks. Skewed lookups of hashed IDs touch every chunk, so a
-key-range cache alone cannot serve them from the GPU; this tier can, for the hot part.
+**Hot keys**: a second, GPU-resident tier: a cgRX index over the hottest keys with all their row IDs, so that a
+point query (:meth:`ChunkedIndex.lookup`, ``lookup_all``, ``aggregate``, the capped form) for a hot key gets its
+complete answer without touching a chunk; the other queries go through the chunks, ranges always do. Skewed
+lookups of hashed IDs touch every chunk, so a key-range cache alone cannot serve them from the GPU. Which keys:
+learned from the point batches (a sample of each counted into decayed per-key counts; keys counted at least twice
+are candidates), the tier rebuilt (its keys' rows fetched through the chunks, one batch) only when the candidates
+would answer clearly more of a batch than the tier did; or given with :meth:`ChunkedIndex.warm`. Its memory
+(``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
 insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
@@ -450,15 +453,14 @@ class ChunkedIndex:
         processors: ``"auto"`` (GPU and CPU together where there is a cache, else the CPU), ``"gpu"`` (the cache
             only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU) or
             ``"cpu"`` (the host copies only). An attribute: change it between batches.
-        critical_mass: queue size from which the GPU copies a chunk in rather than leaving the queue to the CPU;
-            ``None`` (default): measured (module doc). An attribute.
+        critical_mass: ``None`` (default): queues planned by measured rates (module doc, :func:`plan`); an int:
+            the GPU takes cached chunks' queues and others of at least this size, the CPU the rest. An attribute.
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
-        hot_keys: capacity of the hot-key tier, which answers point lookups (:meth:`lookup`) of the keys seen
-            most often in past batches on the queries' device without touching a chunk: what a key-range cache
-            cannot do for skewed lookups of hashed IDs, whose hot keys are spread over every chunk. ``None``
-            (default): a sixteenth of ``gpu_budget`` (32 bytes per key, at most 2^24 keys), taken from the chunk
-            cache, if the rest still holds two chunks; 0: off. Cleared by every update.
+        hot_keys: capacity (keys) of the hot tier (module doc), which answers point queries for the hottest keys
+            completely on the queries' device. ``None`` (default): a sixteenth of ``gpu_budget`` at 40 bytes per
+            key (at most 2^24 keys), taken from the chunk cache, if the rest still holds two chunks; 0: off. The
+            attributes ``hot_tier`` (use it) and ``hot_learn`` (learn its keys) switch it per batch.
         hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
         progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
             ``None``: when stderr is a terminal.
@@ -1624,9 +1626,10 @@ class ChunkedIndex:
     def stats(self) -> dict[str, Any]:
         """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
         one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
-        GPU's queues, evictions, bytes copied into the cache and read from disk, the critical mass and measured
-        rates of the last batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
-        timed on the copy stream, merge, disk loads, total, and the build), and the cache's current contents."""
+        GPU's queues, evictions, bytes copied into the cache (and by the one-time calibration) and read from
+        disk, hot-tier hits and rebuilds, the rates and the plan (queries per processor) of the last chunk batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
+        timed on the copy stream, merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot
+        tier's current contents, and ``last_batch``: the same counters and seconds for the last call alone."""
         s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
