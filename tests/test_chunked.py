@@ -20,7 +20,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import ChunkCache, _Chunk, _Scheduler, _Task
+from torch_rtindex.chunked import ChunkCache, Rates, _Chunk, _Scheduler, _Task, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -89,11 +89,13 @@ def test_key_types(device, gen, key_type):
 
 def test_both_processors_share_a_batch(gen):
     keys = int64_keys("uniform", 4000, gen)
-    index = chunked(keys, "cpu", critical_mass=8)
+    index = chunked(keys, "cpu")
     q = keys[torch.randint(0, keys.numel(), (3000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     for _ in range(3):
-        index._cpu_rate = 1e15  # as if the CPU were fast: it takes queues from the small end while the GPU copies
+        # as fast as each other: the planner gives both processors a share
+        index._cpu_rate = index._copy_rate = index._gpu_rate = 1e6
+        index._measured = {"cpu": True, "copy": True, "gpu": True}
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     s = index.stats()
@@ -157,7 +159,8 @@ def test_budgets(gen):
     q = keys[:500]
     index.lookup(q)
     index.reset_stats()
-    index.processors = "auto"  # every chunk is cached now: the GPU takes every queue
+    index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
+    index._gpu_rate, index._measured = 1e15, {"cpu": True, "copy": True, "gpu": True}
     index.lookup(q)
     s = index.stats()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -168,41 +171,108 @@ def test_budgets(gen):
         host_only.lookup(q)
 
 
-def test_hot_key_tier(gen):
-    keys = int64_keys("duplicates", 3000, gen)
-    index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget, 2048 keys
-    assert index.hot_capacity == 2048
+def point_forms_equal(index, cg, q, values):
+    got, want = index.lookup(q), cg.lookup(q)
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    got, want = index.lookup_all(q), cg.lookup_all(q)
+    assert torch.equal(got.offsets, want.offsets) and torch.equal(got.rows, want.rows)
+    got, want = index.aggregate(q, values), cg.aggregate(q, values)
+    assert torch.equal(got.count, want.count) and torch.equal(got.sum, want.sum)
+    check_capped(index.lookup_all_capped(q, 37), tuple(cg.lookup_all(q)), 37, exact_prefix=True)
+
+
+def skewed(keys, hot, n, gen):
+    q = torch.cat([hot[torch.randint(0, hot.numel(), (n,), generator=gen)], point_queries(keys, n // 3, gen)])
+    return q[torch.randperm(q.numel(), generator=gen)]
+
+
+def test_hot_key_tier_answers_every_point_form(gen):
+    keys = int64_keys("duplicates", 3000, gen)  # one key 1000 times, others up to 100 times
+    index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget
+    assert index.hot_capacity == (1 << 20) // 16 // 40
+    plain = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
     cg = CgRXIndex(keys)
-    hot = keys[torch.randint(0, keys.numel(), (40,), generator=gen)]
-    for step in range(4):
-        q = torch.cat([hot.repeat(20), point_queries(keys, 300, gen)])
-        q = q[torch.randperm(q.numel(), generator=gen)]
-        got, want = index.lookup(q), cg.lookup(q)
-        assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count), step
+    values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
+    distinct = torch.unique(keys)
+    hot = distinct[torch.randint(0, distinct.numel(), (12,), generator=gen)]
+    for step in range(5):
+        q = skewed(keys, hot, 600, gen)
+        point_forms_equal(index, cg, q, values)
+        point_forms_equal(plain, cg, q, values)
     s = index.stats()
-    assert s["hot_hits"] > 3 * 800 and s["queries"] == 4 * 1100 and s["pieces"] < s["queries"] - s["hot_hits"] + 1
-    assert 0 < index.memory()["hot"] <= 2048 * 32
-    # an update clears the tier: a hot key's new copy is counted at once
-    k = hot[:1]
-    before = index.lookup(k).count.item()
-    index.insert(k)
-    assert index.lookup(k).count.item() == before + 1 and index.lookup(k).count.item() == before + 1
-    small = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=10)
+    assert s["hot_keys"] > 0 and s["hot_hits"] > 0 and 1 <= s["hot_rebuilds"] <= 3  # not rebuilt every call
+    assert s["hot_pairs"] > s["hot_keys"]  # hot keys with many row IDs: all of them in the tier
+    assert 0 < index.memory()["hot"] <= index.hot_capacity * 40
+    last = s["last_batch"]
+    assert last["queries"] == 0 or last["hot_hits"] <= last["queries"]
+    # ranges never touch the tier
+    lo, hi = range_queries(keys, 100, gen, 2**50)
+    before = index.stats()["hot_hits"]
+    want = cg.range(lo, hi)
+    got = index.range(lo, hi)
+    assert torch.equal(got.rows, want.rows) and index.stats()["hot_hits"] == before
+    # updates: the tier is rebuilt over the new chunks, answers stay exact
+    k = hot[:2]
+    index.insert(torch.cat([k, k]))
+    index.delete(hot[2:3])
+    plain.insert(torch.cat([k, k]))
+    plain.delete(hot[2:3])
     for _ in range(3):
-        small.lookup(torch.cat([hot.repeat(5), keys[:500]]))
-    assert small.memory()["hot"] <= 10 * 32
-    distinct = int64_keys("uniform", 1000, gen)
-    useless = chunked(distinct, "cpu", gpu_budget=1 << 20, hot_keys=20)
-    for i in range(3):  # distinct keys only: a full tier answering nothing is paused
-        got = useless.lookup(distinct[i * 300 : (i + 1) * 300])
+        q = skewed(keys, hot, 300, gen)
+        a, b = index.lookup_all(q), plain.lookup_all(q)
+        assert torch.equal(a.offsets, b.offsets) and torch.equal(a.rows, b.rows)
+        a, b = index.lookup(q), plain.lookup(q)
+        assert torch.equal(a.first_row, b.first_row) and torch.equal(a.count, b.count)
+    assert index.stats()["hot_hits"] > before
+
+
+def test_hot_tier_warm_learning_and_pauses(gen):
+    keys = int64_keys("uniform", 3000, gen)
+    cg = CgRXIndex(keys)
+    index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=50)
+    values = torch.randn(keys.numel(), dtype=torch.float64, generator=gen)
+    absent = torch.tensor([12345678901, -5])  # not in the index: never in the tier
+    assert index.warm(torch.cat([absent, keys[:80], keys[:10]])) == 50 and not index.hot_learn
+    q = torch.cat([keys[:60], absent, keys[2000:2100]])
+    got, want = index.lookup(q), cg.lookup(q)
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    assert index.stats()["last_batch"]["hot_hits"] == 50
+    agg, ref = index.aggregate(q, values), cg.aggregate(q, values)
+    assert torch.equal(agg.count, ref.count) and torch.allclose(agg.sum, ref.sum, rtol=0, atol=1e-12)
+    index.hot_tier = False
+    assert index.lookup(q).count.tolist() == want.count.tolist()
+    assert index.stats()["last_batch"]["hot_hits"] == 0
+    # uniform distinct keys: nothing is worth a tier; learning pauses instead of paying every batch
+    index.hot_tier, index.hot_learn = True, True
+    index.clear_hot()
+    for i in range(3):
+        got = index.lookup(keys[i * 300 : (i + 1) * 300])
         assert got.first_row.tolist() == list(range(i * 300, (i + 1) * 300))
-    assert useless._hot_skip > 0
-    off = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
-    off.lookup(hot)
-    off.lookup(hot)
-    assert off.stats()["hot_hits"] == 0 and off.memory()["hot"] == 0
+    assert index._hot_skip > 0 and index.stats()["hot_keys"] == 0
+    with pytest.raises(ValueError, match="no hot tier"):
+        chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0).warm(keys[:3])
     with pytest.raises(ValueError, match="hot_keys=40000 takes"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=40000)
+
+
+def test_per_batch_stats_equal_what_moved(gen):
+    """Bytes copied per batch = the bytes of the chunks the batch touched that were not cached when it began
+    (GPU-only serving: each touched chunk is copied at most once per batch), and the batches sum to the total."""
+    keys = int64_keys("uniform", 4000, gen)
+    index = chunked(keys, "cpu", gpu_budget=4 * SMALL + 1024, processors="gpu", hot_keys=0)
+    total = 0
+    for step in range(6):
+        q = keys[torch.randint(0, keys.numel(), (50 + 200 * step,), generator=gen)]
+        resident = {i for i, c in enumerate(index.chunk_info()) if c["cached"]}
+        touched = set(torch.unique(index._chunk_of(torch.ops.rtindex.map_keys(q, 0))).tolist())
+        sizes = [c["bytes"] for c in index.chunk_info()]
+        index.lookup(q)
+        last = index.stats()["last_batch"]
+        assert last["bytes_copied"] == sum(sizes[i] for i in touched - resident), step
+        assert last["chunk_misses"] == len(touched - resident) and last["chunk_hits"] == len(touched & resident)
+        assert last["queries_gpu"] == q.numel() and last["queries_cpu"] == 0 and last["queries"] == q.numel()
+        total += last["bytes_copied"]
+    assert index.stats()["bytes_copied"] == total
 
 
 def test_splitter_range_build_equals_one_sort(gen, monkeypatch):
@@ -240,33 +310,71 @@ def test_cache_policy_demand_then_heat_then_lru():
     assert cache.make_room(chunk(4096, 0.0), {}) == (None, 0)  # larger than the budget: never cached
 
 
-def test_scheduler_rules():
-    def task(size, resident, fits=True):
-        return _Task(_Chunk(0, 1, 0, 0, 0, [], 1, None), 0, size, resident, fits)
+def _task(size, resident=False, fits=True, nbytes=256):
+    return _Task(_Chunk(0, 1, 0, 0, 0, [], nbytes, None), 0, size, resident, fits)
 
-    r_small, r_big = task(3, True), task(50, True)
-    big, mid, small, tiny, huge_chunk = task(100, False), task(40, False), task(10, False), task(2, False), task(70, False, False)
-    s = _Scheduler([r_small, r_big, big, mid, small, tiny, huge_chunk], gpu=True, cpu=True, critical_mass=20)
-    assert s.claim("gpu") is r_big and s.claim("gpu") is r_small  # resident first, largest first
-    assert s.claim("cpu") is huge_chunk  # only the CPU can answer a chunk larger than the cache: first
-    assert s.claim("cpu") is tiny and s.claim("cpu") is small  # then the smallest non-resident queues
-    assert s.claim("gpu") is big and s.claim("gpu") is mid  # the GPU copies chunks in for queues >= critical mass
-    assert s.claim("gpu") is None and s.claim("cpu") is None
-    # A slow CPU leaves a GPU-sized queue alone when the GPU would be done with the other copies sooner.
-    slow = _Scheduler([task(30, False), task(40, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
-                      copy_rate=1.0)
-    assert slow.claim("cpu") is None and slow.claim("gpu").size == 40 and slow.claim("cpu") is None
-    assert slow.claim("gpu").size == 30
-    # Only small queues left, but a CPU backlog longer than a copy: the GPU takes the largest of them.
-    backlog = _Scheduler([task(5, False), task(8, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
-                         copy_rate=1.0)
-    assert backlog.claim("gpu").size == 8 and backlog.claim("gpu").size == 5 and backlog.claim("gpu") is None
-    # A chunk larger than the cache is the CPU's even behind a GPU-sized queue it would not take.
-    mixed = _Scheduler([task(30, False), task(90, False, False)], gpu=True, cpu=True, critical_mass=20, cpu_rate=1.0,
-                       copy_rate=1.0)
-    assert mixed.claim("cpu").size == 90 and mixed.claim("cpu") is None and mixed.claim("gpu").size == 30
-    only_gpu = _Scheduler([task(1, False), task(5, True)], gpu=True, cpu=False, critical_mass=100)
-    assert only_gpu.claim("gpu").size == 5 and only_gpu.claim("gpu").size == 1
+
+def _makespan(gpu_tasks, cpu_tasks, rates):
+    return max(sum(rates.gpu_s(t) for t in gpu_tasks), sum(rates.cpu_s(t) for t in cpu_tasks))
+
+
+def test_plan_assigns_by_projected_finish():
+    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9)  # a chunk of 256 * k bytes takes k s to copy; a query 1 s on the CPU
+    d, a, b, c = _task(5, True), _task(10, nbytes=1024), _task(3, nbytes=1024), _task(2, nbytes=1024)
+    huge = _task(1, fits=False)
+    g, p = plan([a, b, c, d, huge], rates)
+    # by CPU/GPU cost ratio: d (resident) and a to the GPU (finish 4 s); huge (forced), then b and c to the CPU
+    # (1 + 3 + 2 = 6 s) since the GPU would finish each later (8 s)
+    assert g == [d, a] and p == [huge, c, b]
+    assert plan([a, b, c, d, huge], rates, cpu=False) == ([d, a, b, c], [huge])  # GPU only: all that fits
+    assert plan([a, b, c, d], rates, gpu=False) == ([], [c, b, d, a])
+    assert plan([a, b, c, d], rates, critical_mass=4) == ([d, a], [c, b])  # manual: resident or >= 4 queries
+    # a slow CPU gets nothing it could avoid; a fast one takes the queues it finishes first
+    assert plan([a, b, c, d], Rates(cpu=1e-3, copy=256.0, gpu=1e9))[1] == []
+    assert plan([a, b, c], Rates(cpu=1e9, copy=256.0, gpu=1e9))[0] == []
+
+
+def test_plan_is_a_near_optimal_makespan_and_never_gives_the_cpu_a_later_finish():
+    rng = random.Random(3)
+    for trial in range(200):
+        rates = Rates(cpu=rng.uniform(0.5, 5), copy=256.0 * rng.uniform(0.5, 5), gpu=rng.uniform(5, 100))
+        tasks = [_task(rng.randint(1, 40), rng.random() < 0.3, True, 256 * rng.randint(1, 8)) for _ in range(7)]
+        g, p = plan(tasks, rates)
+        assert sorted(map(id, g + p)) == sorted(map(id, tasks))
+        best = min(_makespan([t for i, t in enumerate(tasks) if m >> i & 1], [t for i, t in enumerate(tasks) if not m >> i & 1], rates)
+                   for m in range(1 << len(tasks)))
+        got = _makespan(g, p, rates)
+        assert got <= best + max(min(rates.gpu_s(t), rates.cpu_s(t)) for t in tasks) + 1e-9, trial
+        assert got <= min(_makespan(tasks, [], rates), _makespan([], tasks, rates)) + 1e-9
+        # the CPU keeps no queue whose move to the GPU would end the batch sooner
+        g_end = sum(rates.gpu_s(t) for t in g)
+        c_end = sum(rates.cpu_s(t) for t in p)
+        for t in p:
+            assert max(g_end + rates.gpu_s(t), c_end - rates.cpu_s(t)) >= max(g_end, c_end) - 1e-9, trial
+
+
+def test_plan_on_a_batch_like_the_2_20_case():
+    """71 chunks of 239 MB, a quarter resident, 2^20 uniform queries: the CPU (6.5 M/s) and the copies (50 GB/s)
+    share the batch; neither alone, and the CPU's share is well under the old 91%."""
+    rates = Rates(cpu=6.5e6, copy=50e9, gpu=2e9)
+    tasks = [_task(14768, i < 17, True, 239 << 20) for i in range(71)]
+    g, p = plan(tasks, rates)
+    share = sum(t.size for t in p) / sum(t.size for t in tasks)
+    assert 0.2 < share < 0.8 and all(t.resident for t in tasks if t in g[:17])
+    assert _makespan(g, p, rates) < 0.6 * min(_makespan(tasks, [], rates), _makespan([], tasks, rates))
+
+
+def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():
+    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9)
+    d, a, b, c = _task(5, True), _task(10, nbytes=1024), _task(3, nbytes=1024), _task(2, nbytes=1024)
+    s = _Scheduler([a, b, c, d], gpu=True, cpu=True, rates=rates)
+    assert s.claim("gpu") is d and s.claim("gpu") is a
+    # the GPU has run out: it takes the CPU's last queue (b: 4 s on the GPU < the CPU's 5 s backlog)
+    assert s.claim("gpu") is b and b.proc == "gpu"
+    assert s.claim("gpu") is None  # c: 4 s on the GPU, the CPU's backlog is 2 s: the CPU keeps it
+    assert s.claim("cpu") is c and s.claim("cpu") is None and s.tasks == []
+    only = _Scheduler([_task(1), _task(5, fits=False)], gpu=True, cpu=False, rates=rates)
+    assert only.claim("gpu").size == 1 and only.claim("gpu") is None and only.claim("cpu").size == 5
 
 
 # ------------------------------------------------------------------------------------------------- updates

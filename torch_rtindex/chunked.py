@@ -8,22 +8,21 @@ lives in host memory (pinned where CUDA is available) as one contiguous blob; a 
 
 A lookup batch is **partitioned** by chunk on the queries' device in one pass (chunk id by a binary search over the
 chunk boundaries, a stable sort by chunk id, counts): one **queue** per chunk. A range that spans chunks becomes one
-piece per chunk. Two processors then serve the queues at the same time, each asking a **scheduler** for its next
-queue when it is ready (the paper's on-demand scheme):
+piece per chunk. Two processors then serve the queues at the same time: the GPU (the calling thread: a chunk not
+in the cache is copied in on a copy stream, overlapping the lookups of the previous one; at most
+``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
+release the GIL).
 
-- the GPU (the calling thread) takes first the queues whose chunk is in the cache (largest first), then the
-  largest queue of at least the **critical mass** among the others: it copies that chunk into the cache on a copy
-  stream (waiting, on the GPU, only for the last lookup that read the space it reuses), so the copy of one chunk
-  overlaps the lookups of the previous one; at most ``pipeline_depth`` queues are in flight. When only queues
-  below the critical mass are left, it takes the largest of them if the CPU's backlog would outlast its copy;
-- the CPU (a worker thread; torch operators release the GIL) takes the smallest queues whose chunk is not in the
-  cache and answers them from the host copy with the CPU kernels. It never takes a queue the GPU holds the chunk
-  for, and a queue of at least the critical mass only if it would finish it before the GPU is done copying the
-  other chunks in. GPU (largest first) and CPU (smallest first) meet in the middle of the list.
-
-The critical mass (``critical_mass``; ``None``: automatic) is the queue size at which copying the chunk in
-(chunk bytes / copy rate) costs as much as answering the queue on the CPU (size / CPU lookup rate), with both
-rates measured on earlier batches (exponential averages; conservative guesses before the first).
+**Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
+rate, size / GPU rate)`` (no copy when the chunk is cached). Queues go, in order of CPU cost over GPU cost, to the
+processor whose projected finish with the queue is earlier, then single queues move off the processor that ends
+last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
+end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the
+paper's scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it
+before the other got through its backlog. The rates are calibrated once on the first batch that uses both
+processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch
+(exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a
+fixed rule: the GPU takes cached chunks' queues and others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -36,10 +35,14 @@ fall only between distinct keys, so every key's rows live in one chunk (a point 
 of equal keys longer than a chunk makes one larger chunk. Row IDs are int64 positions: more than 2^32 keys are
 fine, as long as no chunk holds 2^32 keys or more.
 
-**Hot keys**: point lookups (:meth:`ChunkedIndex.lookup`) first consult a small tier of the hottest keys' answers
-(learned from a sample of every batch, scores decayed per batch, the best ``hot_keys`` kept), on the queries'
-device; only the other queries go through the chunks. Skewed lookups of hashed IDs touch every chunk, so a
-key-range cache alone cannot serve them from the GPU; this tier can, for the hot part.
+**Hot keys**: a second, GPU-resident tier: a cgRX index over the hottest keys with all their row IDs, so that a
+point query (:meth:`ChunkedIndex.lookup`, ``lookup_all``, ``aggregate``, the capped form) for a hot key gets its
+complete answer without touching a chunk; the other queries go through the chunks, ranges always do. Skewed
+lookups of hashed IDs touch every chunk, so a key-range cache alone cannot serve them from the GPU. Which keys:
+learned from the point batches (a sample of each counted into decayed per-key counts; keys counted at least twice
+are candidates), the tier rebuilt (its keys' rows fetched through the chunks, one batch) only when the candidates
+would answer clearly more of a batch than the tier did; or given with :meth:`ChunkedIndex.warm`. Its memory
+(``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
 insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
@@ -85,10 +88,15 @@ _VERSION = 1
 _DTYPES = {"int32": torch.int32, "int64": torch.int64}
 PROCESSORS = ("auto", "gpu", "cpu")
 EVICTIONS = ("demand", "lru")
-HOT_BYTES_PER_KEY = 32  # the hot-key tier: key, first row, count (8 bytes each) and a score, plus slack
+# The hot tier's reservation per key of capacity: a candidate (key and score, 12 bytes) and about one
+# (key, row ID) pair of the tier's index (cgRX pair, representatives and row map, at most HOT_BYTES_PER_PAIR).
+HOT_BYTES_PER_KEY = 40
+HOT_CANDIDATE_BYTES, HOT_BYTES_PER_PAIR = 12, 24
 HOT_MAX_KEYS = 1 << 24
-HOT_DECAY = 0.5  # a hot key's score halves every batch it is not seen in
-HOT_USEFUL, HOT_PAUSE = 0.01, 8  # a full tier answering under 1% of a batch is skipped for the next 8 batches
+HOT_DECAY = 0.5  # a candidate's count halves every batch
+HOT_REPEAT = 2.0  # a key counts as hot once its decayed count reaches this: a key seen once says nothing
+HOT_USEFUL, HOT_PAUSE = 0.01, 8  # learning that finds under 1% of a batch worth a tier pauses for 8 batches
+HOT_DRIFT = 0.02  # rebuild when the candidates would answer this share of a batch more than the tier did
 
 
 def _align(n: int) -> int:
@@ -294,52 +302,131 @@ class _Task:
     result: tuple = ()
 
 
-@dataclass
-class _Scheduler:
-    """The paper's on-demand scheduler for one batch: a processor that is ready locks it, ranks the pending queues
-    and takes the best one (see the module doc for the ranking)."""
+@dataclass(frozen=True)
+class Rates:
+    """What the planner assumes of the machine: CPU lookups/s (from the host copies), bytes/s copied into the
+    cache, GPU lookups/s (from the cache)."""
 
-    tasks: list[_Task]
-    gpu: bool
-    cpu: bool
-    critical_mass: int
-    cpu_rate: float = float("inf")  # queries/s of the CPU side (measured)
-    copy_rate: float = 1.0  # bytes/s into the cache (measured)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    abort: bool = False
+    cpu: float
+    copy: float
+    gpu: float
+
+    def cpu_s(self, t: _Task) -> float:
+        return t.size / self.cpu
+
+    def gpu_s(self, t: _Task) -> float:
+        # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
+        # slower of its two stages.
+        copy = 0.0 if t.resident else _align(t.chunk.nbytes) / self.copy
+        return max(copy, t.size / self.gpu)
+
+
+def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
+    """The greedy makespan balance of :func:`plan`, then single moves from the processor that ends last to the
+    other while a move ends the batch earlier (the greedy order can leave one)."""
+    g_end, c_end = 0.0, sum(rates.cpu_s(t) for t in forced)
+    on_gpu: list[_Task] = []
+    on_cpu = list(forced)
+
+    def edge(t: _Task) -> float:
+        g = rates.gpu_s(t)
+        return rates.cpu_s(t) / g if g > 0 else float("inf")
+
+    for t in sorted(free, key=lambda t: (-edge(t), -t.size)):
+        g, c = g_end + rates.gpu_s(t), c_end + rates.cpu_s(t)
+        if c < g:
+            on_cpu.append(t)
+            c_end = c
+        else:
+            on_gpu.append(t)
+            g_end = g
+    for _ in range(len(free)):
+        if c_end > g_end:
+            moves = [(max(g_end + rates.gpu_s(t), c_end - rates.cpu_s(t)), i) for i, t in enumerate(on_cpu) if t.fits]
+        else:
+            moves = [(max(g_end - rates.gpu_s(t), c_end + rates.cpu_s(t)), i) for i, t in enumerate(on_gpu)]
+        if not moves or min(moves)[0] >= max(g_end, c_end):
+            break
+        _, i = min(moves)
+        if c_end > g_end:
+            t = on_cpu.pop(i)
+            on_gpu.append(t)
+            g_end, c_end = g_end + rates.gpu_s(t), c_end - rates.cpu_s(t)
+        else:
+            t = on_gpu.pop(i)
+            on_cpu.append(t)
+            g_end, c_end = g_end - rates.gpu_s(t), c_end + rates.cpu_s(t)
+    return on_gpu, on_cpu
+
+
+def plan(tasks: list[_Task], rates: Rates, *, gpu: bool = True, cpu: bool = True,
+         critical_mass: int | None = None) -> tuple[list[_Task], list[_Task]]:
+    """Which processor serves each queue: (the GPU's queues in serving order, the CPU's).
+
+    A queue whose chunk does not fit the cache is the CPU's. With ``critical_mass`` set, the GPU takes the
+    resident queues and the others of at least that size. Otherwise a greedy makespan balance: queues in order of
+    how much more the CPU would spend on them than the GPU (CPU seconds / GPU seconds, largest first), each to the
+    processor whose projected finish, with the queue added, is earlier (the GPU on a tie); then single queues
+    move from the processor that ends last while that ends the batch earlier. So the CPU keeps no queue whose
+    move to the GPU would end the batch sooner."""
+    forced = [t for t in tasks if not t.fits]
+    free = [t for t in tasks if t.fits]
+    if not gpu:
+        on_gpu, on_cpu = [], forced + free
+    elif not cpu:
+        on_gpu, on_cpu = free, forced
+    elif critical_mass is not None:
+        on_gpu = [t for t in free if t.resident or t.size >= critical_mass]
+        on_cpu = forced + [t for t in free if not (t.resident or t.size >= critical_mass)]
+    else:
+        on_gpu, on_cpu = _balance(forced, free, rates)
+    # The GPU serves its resident queues first (no copy to wait for), then the largest; the CPU the smallest first
+    # (its last queues are the ones the GPU may take over when it runs out of work).
+    on_gpu.sort(key=lambda t: (not t.resident, -t.size))
+    on_cpu.sort(key=lambda t: (t.fits, t.size))
+    return on_gpu, on_cpu
+
+
+class _Scheduler:
+    """One batch's queues, planned (:func:`plan`) and then handed out on demand: each processor, when ready,
+    takes the next queue of its own list; one that has run out takes the last queue of the other's list if it
+    would finish it before the other would have got through its remaining list (the measured rates can be
+    off)."""
+
+    def __init__(self, tasks: list[_Task], gpu: bool, cpu: bool, rates: Rates, critical_mass: int | None = None):
+        self.gpu, self.cpu, self.rates = gpu, cpu, rates
+        self.own = dict(zip(("gpu", "cpu"), plan(tasks, rates, gpu=gpu, cpu=cpu, critical_mass=critical_mass)))
+        self.planned = {p: sum(t.size for t in q) for p, q in self.own.items()}
+        self.lock = threading.Lock()
+        self.abort = False
+
+    @property
+    def tasks(self) -> list[_Task]:
+        return self.own["gpu"] + self.own["cpu"]
 
     def demand(self) -> dict[_Chunk, int]:
         with self.lock:
             return {t.chunk: t.size for t in self.tasks}
 
+    def _cost(self, proc: str, t: _Task) -> float:
+        return self.rates.gpu_s(t) if proc == "gpu" else self.rates.cpu_s(t)
+
     def claim(self, proc: str) -> _Task | None:
         with self.lock:
-            if self.abort or not self.tasks:
+            if self.abort:
                 return None
-            if proc == "gpu":
-                pool = [t for t in self.tasks if t.resident]
-                if not pool:
-                    pool = [t for t in self.tasks if t.fits and (not self.cpu or t.size >= self.critical_mass)]
-                if not pool and self.cpu:
-                    # Only queues below the critical mass are left, the CPU's: the GPU still takes the largest
-                    # when the CPU's backlog would take longer than copying that chunk in.
-                    big = max((t for t in self.tasks if t.fits), key=lambda t: t.size, default=None)
-                    backlog = sum(t.size for t in self.tasks) / self.cpu_rate
-                    if big is not None and backlog > big.chunk.nbytes / self.copy_rate:
-                        pool = [big]
-                best = max(pool, key=lambda t: t.size, default=None)
-            else:
-                pool = [t for t in self.tasks if not (self.gpu and t.resident and t.fits)]
-                only_cpu = [t for t in pool if not (self.gpu and t.fits)]  # chunks larger than the cache first
-                best = min(only_cpu or pool, key=lambda t: t.size, default=None)
-                if best is not None and self.gpu and best.fits and best.size >= self.critical_mass:
-                    # A queue the GPU would copy in: take it only if the CPU finishes it before the GPU would
-                    # be done with the other copies anyway (else the batch waits for the CPU).
-                    gpu_left = sum(t.chunk.nbytes for t in self.tasks if t is not best and t.fits and not t.resident)
-                    if best.size / self.cpu_rate > gpu_left / self.copy_rate:
-                        best = None
+            mine = self.own[proc]
+            best = mine.pop(0) if mine else None  # the GPU's list holds only queues whose chunk fits the cache
+            if best is None and self.gpu and self.cpu:
+                other_name = "cpu" if proc == "gpu" else "gpu"
+                other = self.own[other_name]
+                cand = next((t for t in reversed(other) if proc == "cpu" or t.fits), None)
+                if cand is not None:
+                    backlog = sum(self._cost(other_name, t) for t in other)
+                    if self._cost(proc, cand) < backlog:
+                        other.remove(cand)
+                        best = cand
             if best is not None:
-                self.tasks.remove(best)
                 best.proc = proc
             return best
 
@@ -366,15 +453,14 @@ class ChunkedIndex:
         processors: ``"auto"`` (GPU and CPU together where there is a cache, else the CPU), ``"gpu"`` (the cache
             only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU) or
             ``"cpu"`` (the host copies only). An attribute: change it between batches.
-        critical_mass: queue size from which the GPU copies a chunk in rather than leaving the queue to the CPU;
-            ``None`` (default): measured (module doc). An attribute.
+        critical_mass: ``None`` (default): queues planned by measured rates (module doc, :func:`plan`); an int:
+            the GPU takes cached chunks' queues and others of at least this size, the CPU the rest. An attribute.
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
-        hot_keys: capacity of the hot-key tier, which answers point lookups (:meth:`lookup`) of the keys seen
-            most often in past batches on the queries' device without touching a chunk: what a key-range cache
-            cannot do for skewed lookups of hashed IDs, whose hot keys are spread over every chunk. ``None``
-            (default): a sixteenth of ``gpu_budget`` (32 bytes per key, at most 2^24 keys), taken from the chunk
-            cache, if the rest still holds two chunks; 0: off. Cleared by every update.
+        hot_keys: capacity (keys) of the hot tier (module doc), which answers point queries for the hottest keys
+            completely on the queries' device. ``None`` (default): a sixteenth of ``gpu_budget`` at 40 bytes per
+            key (at most 2^24 keys), taken from the chunk cache, if the rest still holds two chunks; 0: off. The
+            attributes ``hot_tier`` (use it) and ``hot_learn`` (learn its keys) switch it per batch.
         hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
         progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
             ``None``: when stderr is a terminal.
@@ -465,8 +551,9 @@ class ChunkedIndex:
         self._eviction, self._hot_request, self.hot_sample = eviction, hot_keys, hot_sample
         self._cache: ChunkCache | None = None  # made by _setup_tiers, once the chunk sizes are known
         self.hot_capacity = 0
-        self._hot: tuple[torch.Tensor, ...] | None = None
-        self._hot_skip = 0  # point-lookup batches left that skip the hot tier (it answered too little)
+        self.hot_tier = True  # an attribute: False serves every query through the chunks (the tier is kept)
+        self.hot_learn = True  # an attribute: False keeps the tier's keys as they are (see warm)
+        self._clear_hot()
         self._pin = _cuda_ok()
         self._set_chunks([])
         self._n = 0
@@ -476,7 +563,8 @@ class ChunkedIndex:
         self._io_stream = None
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
-        self._measured = {"cpu": False, "copy": False}
+        self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
+        self._measured = {"cpu": False, "copy": False, "gpu": False}
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
@@ -500,7 +588,8 @@ class ChunkedIndex:
                 f"hot_keys={cap} takes {cap * HOT_BYTES_PER_KEY} bytes of gpu_budget={budget}, and the rest holds no "
                 f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
             )
-        self.hot_capacity, self._hot, self._hot_skip = cap, None, 0
+        self.hot_capacity = cap
+        self._clear_hot()
         arena = budget - cap * HOT_BYTES_PER_KEY if budget else 0
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
@@ -780,11 +869,54 @@ class ChunkedIndex:
         gpu = self._cache is not None and self.processors in ("auto", "gpu")
         return gpu, not gpu or self.processors == "auto"
 
-    def _critical_mass(self) -> int:
-        if self.critical_mass is not None:
-            return int(self.critical_mass)
+    def rates(self) -> Rates:
+        """The rates the scheduler plans with now: calibrated on the first batch that uses both processors, then
+        measured on every batch (exponential averages)."""
+        return Rates(self._cpu_rate, self._copy_rate, self._gpu_rate)
+
+    def _break_even(self) -> int:
+        """The queue size at which copying a mean-sized chunk in costs as long as answering the queue on the CPU."""
         mean = sum(c.nbytes for c in self._chunks) / len(self._chunks)
         return max(1, int(mean / self._copy_rate * self._cpu_rate))
+
+    def _calibrate(self, batch: "_Batch", tasks: list[_Task]) -> None:
+        """Measures the CPU lookup rate and the copy rate once, before the first batch is planned (guesses would
+        misplace a whole batch): a slice of the largest queue answered from its host copy, and a slice of its chunk
+        copied into the (still empty) cache."""
+        t = max(tasks, key=lambda t: t.size)
+        if not self._measured["cpu"] and t.size >= 256:
+            part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
+            view = self._host_view(t.chunk)
+            qlo, qhi = batch.queue(part, torch.device("cpu"), self)
+            self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
+            t0 = time.perf_counter()
+            self._answer(view, batch, qlo, qhi, torch.device("cpu"))
+            self._cpu_rate = part.size / max(time.perf_counter() - t0, 1e-9)
+            self._measured["cpu"] = True
+        cache = self._cache
+        if not self._measured["copy"] and cache is not None and not cache.entries:
+            host = self._host(t.chunk)
+            size = min(host.numel(), cache.budget, 64 << 20)
+            buf = cache.arena.storage()
+            if self.device.type == "cuda":
+                stream = torch.cuda.current_stream(self.device)
+                for ev in cache.arena.events_over(0, _align(size)):
+                    stream.wait_event(ev)
+                buf[:size].copy_(host[:size], non_blocking=True)  # warm
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(stream)
+                buf[:size].copy_(host[:size], non_blocking=True)
+                b.record(stream)
+                b.synchronize()
+                seconds = a.elapsed_time(b) / 1e3
+            else:
+                t0 = time.perf_counter()
+                buf[:size].copy_(host[:size])
+                seconds = time.perf_counter() - t0
+            self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
+            if size >= 1 << 20:
+                self._copy_rate = size / max(seconds, 1e-9)
+                self._measured["copy"] = True
 
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
         t_start = time.perf_counter()
@@ -792,67 +924,176 @@ class ChunkedIndex:
         D = qlo.device
         if values is not None:
             values = self._check_values(values, D)
-        if form == "lookup" and qhi is None and self.hot_capacity and qlo.numel() and self._hot_skip == 0:
-            out = self._lookup_hot(qlo, D)
+        before = self._snapshot()
+        q = qlo.numel()
+        hot = qhi is None and q > 0 and self.hot_tier and self.hot_capacity > 0
+        if hot and self._hot_pending is not None:  # an update made the tier stale: rebuild it over the new chunks
+            keys, self._hot_pending = self._hot_pending, None
+            self._rebuild_hot(keys, D)
+        if hot and self._tier is not None:
+            out, hits = self._serve_with_tier(form, qlo, values, D)
         else:
-            self._hot_skip = max(0, self._hot_skip - 1) if form == "lookup" and qhi is None else self._hot_skip
-            out = self._serve(form, qlo, qhi, values, D)
-        self._count("queries", qlo.numel())
+            out, hits = self._serve(form, qlo, qhi, values, D), 0
+        if hot and self.hot_learn:
+            t0 = time.perf_counter()
+            self._learn_hot(qlo, hits / q)
+            self._stats["time_s"]["hot"] += time.perf_counter() - t0
+        self._count("queries", q)
         self._stats["time_s"]["total"] += time.perf_counter() - t_start
+        self._last_batch = self._since(before)
         return out
 
-    def _lookup_hot(self, qlo: torch.Tensor, D: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Point lookups through the hot-key tier: the answers of the hottest keys seen so far, kept on the
-        queries' device; the other queries go through the chunks. Then the tier learns from this batch."""
-        hot = self._hot
-        if hot is not None and hot[0].device != D:
-            hot = self._hot = tuple(t.to(D) for t in hot)
-        if hot is None:
-            first, count = self._serve("lookup", qlo, None, None, D)
-        else:
-            hk, hf, hc, _ = hot
-            qf = qlo ^ TOP
-            pos = torch.searchsorted(hk, qf).clamp(max=hk.numel() - 1)
-            hit = hk.index_select(0, pos) == qf
-            first = torch.where(hit, hf.index_select(0, pos), -1)
-            count = torch.where(hit, hc.index_select(0, pos), 0)
-            rest = torch.nonzero(~hit).reshape(-1)
-            if rest.numel():
-                rf, rc = self._serve("lookup", qlo.index_select(0, rest), None, None, D)
-                first.index_copy_(0, rest, rf)
-                count.index_copy_(0, rest, rc)
-            hits = qlo.numel() - rest.numel()
-            self._count("hot_hits", hits)
-            if hot[0].numel() >= self.hot_capacity and hits < HOT_USEFUL * qlo.numel():
-                # A full tier that answers almost nothing (no skew): stop paying for it for a while.
-                self._hot_skip = HOT_PAUSE
-        t0 = time.perf_counter()
-        self._learn_hot(qlo, first, count)
-        self._stats["time_s"]["hot"] += time.perf_counter() - t0
-        return first, count
+    # --------------------------------------------------------------------------------------- the hot tier
+    def _clear_hot(self) -> None:
+        self._tier: dict | None = None  # the tier: its index's view on a device, its keys (priority order), sizes
+        self._hot_cand: tuple[torch.Tensor, torch.Tensor] | None = None  # candidates: flipped keys (sorted), counts
+        self._hot_mass = 0.0  # decayed number of sampled queries, the candidates' counts' denominator
+        self._hot_pending: torch.Tensor | None = None  # the tier's keys, to rebuild after an update
+        self._hot_skip = 0  # point batches left that skip learning (it found nothing worth a tier)
 
-    def _learn_hot(self, qlo: torch.Tensor, first: torch.Tensor, count: torch.Tensor) -> None:
-        """Scores the keys of a sample of the batch (their share of it), adds them to the tier's decayed scores
-        and keeps the hot_capacity best-scored keys with their answers (sorted by key, for the search)."""
+    def clear_hot(self) -> None:
+        """Drops the hot tier and what it learned (learning starts over)."""
+        self._clear_hot()
+
+    def warm(self, keys: torch.Tensor, *, learn: bool = False) -> int:
+        """Builds the hot tier now from ``keys`` (in priority order: the first ``hot_capacity`` distinct keys that
+        are in the index, as far as their row IDs fit the tier), on ``keys``' device. With ``learn=False`` (the
+        default) the tier keeps these keys until the next ``warm`` or ``hot_learn = True``; updates rebuild it over
+        the same keys. Returns the number of keys in the tier."""
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+        if not self.hot_capacity:
+            raise ValueError("this index has no hot tier (hot_keys=0, or no gpu_budget to take it from)")
+        qlo, _ = self._check_queries(keys.reshape(-1), None)
+        flipped = qlo ^ TOP
+        uniq, inverse = torch.unique(flipped, return_inverse=True)
+        first = torch.full((uniq.numel(),), flipped.numel(), dtype=torch.int64, device=flipped.device)
+        first.scatter_reduce_(0, inverse, torch.arange(flipped.numel(), device=flipped.device), "amin")
+        # Twice the capacity: room for keys that turn out to be absent, without an unbounded fetch.
+        prio = uniq.index_select(0, torch.sort(first).indices)[: 2 * self.hot_capacity]
+        self._clear_hot()
+        self.hot_learn = learn
+        self._rebuild_hot(prio, qlo.device)
+        return 0 if self._tier is None else self._tier["keys"].numel()
+
+    def _tier_view(self, D: torch.device) -> _View:
+        tier = self._tier
+        if tier["device"] != D:  # the tier follows the queries' device
+            tier["tensors"] = {k: v.to(D) for k, v in tier["tensors"].items()}
+            tier["keys"], tier["device"] = tier["keys"].to(D), D
+            tier["view"] = self._tier_make_view(tier)
+        return tier["view"]
+
+    def _tier_make_view(self, tier: dict) -> _View:
+        t = tier["tensors"]
+        index = CgRXIndex._from_structure(
+            t["pairs"], t["reps"], t["table"], tier["pairs_n"], key_type=self.key_type, key_dtype=self.key_dtype,
+            key_span=tier["span"], bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
+        )
+        return _View(index, t["rows"], 0)
+
+    def _rebuild_hot(self, prio: torch.Tensor, D: torch.device) -> None:
+        """The tier over the keys ``prio`` (flipped ordered keys, most important first) with all their row IDs,
+        fetched through the chunks (one CSR batch), as many keys as their pairs fit the reservation."""
+        t0 = time.perf_counter()
+        self._tier = None
+        prio = prio.to(D)
+        if prio.numel() == 0:
+            return
+        offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
+        per = offsets[1:] - offsets[:-1]
+        room = (self.hot_capacity * (HOT_BYTES_PER_KEY - HOT_CANDIDATE_BYTES)) // HOT_BYTES_PER_PAIR
+        present = per > 0  # absent keys stay out: the tier's hit test is "has rows"
+        keep = present & (torch.cumsum(per, 0) <= room) & (torch.cumsum(present.to(torch.int64), 0) <= self.hot_capacity)
+        if not bool(keep.any()):
+            return
+        pair_keys = torch.repeat_interleave(prio ^ TOP, per, output_size=rows.numel())
+        pair_keep = torch.repeat_interleave(keep, per, output_size=rows.numel())
+        pair_keys, rows = pair_keys[pair_keep], rows[pair_keep]
+        rows_sorted, perm = torch.sort(rows)  # local row order = global row order: smallest and ascending rows
+        k = pair_keys.index_select(0, perm).contiguous()
+        pairs, reps, table = _ops().cgrx_build(k, self.bucket_size, LAYOUTS[self.layout])
+        flipped = torch.aminmax(k ^ TOP)
+        tier = {"device": D, "keys": torch.sort(prio[keep]).values, "pairs_n": k.numel(),
+                "span": (int(flipped.min) ^ TOP, int(flipped.max) ^ TOP),
+                "tensors": {"pairs": pairs, "reps": reps, "table": table, "rows": rows_sorted}}
+        tier["view"] = self._tier_make_view(tier)
+        self._tier = tier
+        with self._stats_lock:
+            self._stats["hot_rebuilds"] += 1
+            self._stats["time_s"]["hot_rebuild"] += time.perf_counter() - t0
+
+    def _serve_with_tier(self, form: str, qlo: torch.Tensor, values: torch.Tensor | None, D: torch.device):
+        """Point queries: the tier's keys answered by the tier (their complete answer), the others through the
+        chunks; returns the answer and the number of tier hits."""
+        t0 = time.perf_counter()
+        view = self._tier_view(D)
+        q = qlo.numel()
+        _, first, count = self._answer(view, _Batch("lookup", qlo, None, None, D, None), qlo, None, D)
+        hit = count > 0  # the tier holds only keys with rows: a tier key always has some
+        miss = torch.nonzero(~hit).reshape(-1)
+        hits = q - miss.numel()
+        self._stats["time_s"]["hot"] += time.perf_counter() - t0
+        self._count("hot_hits", hits)
+        qmiss = qlo.index_select(0, miss)
+        if form == "lookup":
+            if miss.numel():
+                rf, rc = self._serve("lookup", qmiss, None, None, D)
+                first.index_copy_(0, miss, rf)
+                count.index_copy_(0, miss, rc)
+            return (first, count), hits
+        idx = torch.nonzero(hit).reshape(-1)
+        qhit = qlo.index_select(0, idx)
+        if form == "aggregate":
+            sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
+            _, hc, hs = self._answer(view, _Batch("aggregate", qhit, None, values, D, None), qhit, None, D)
+            count = torch.zeros(q, dtype=torch.int64, device=D).index_copy_(0, idx, hc.to(torch.int64))
+            total = torch.zeros(q, dtype=sum_dtype, device=D).index_copy_(0, idx, hs.to(sum_dtype))
+            if miss.numel():
+                mc, ms = self._serve("aggregate", qmiss, None, values, D)
+                count.index_copy_(0, miss, mc)
+                total.index_copy_(0, miss, ms)
+            return (count, total), hits
+        _, hoff, hrows = self._answer(view, _Batch("csr", qhit, None, None, D, None), qhit, None, D)
+        parts = [(idx, hoff, hrows)]
+        if miss.numel():
+            parts.append((miss, *self._serve("csr", qmiss, None, None, D)))
+        return _combine_csr(q, parts, D), hits
+
+    def _learn_hot(self, qlo: torch.Tensor, share: float) -> None:
+        """Counts the keys of a sample of the batch into the candidates (decayed counts, the hot_capacity best
+        kept) and rebuilds the tier when the candidates seen repeatedly would answer clearly more of a batch
+        than the tier did (``share``); a tier that answers too little, with nothing better, is dropped."""
+        if self._hot_skip:
+            self._hot_skip -= 1
+            return
         D, q = qlo.device, qlo.numel()
         S = min(q, self.hot_sample)
         idx = torch.randint(0, q, (S,), device=D) if S < q else torch.arange(q, device=D)
-        keys, inverse, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_inverse=True, return_counts=True)
-        at = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(0, inverse, idx)  # a query of each key
-        f, c, score = first.index_select(0, at), count.index_select(0, at), seen.to(torch.float32) / S
-        if self._hot is not None:
-            hk, hf, hc, hs = self._hot
-            allk = torch.cat([hk, keys])
+        keys, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_counts=True)
+        score = seen.to(torch.float32)
+        if self._hot_cand is not None:
+            ck, cs = (t.to(D) for t in self._hot_cand)
+            allk = torch.cat([ck, keys])
             keys, inverse = torch.unique(allk, return_inverse=True)
             score = torch.zeros(keys.numel(), dtype=torch.float32, device=D).index_add_(
-                0, inverse, torch.cat([hs * HOT_DECAY, score]))
-            pick = torch.empty(keys.numel(), dtype=torch.int64, device=D).scatter_(
-                0, inverse, torch.arange(allk.numel(), device=D))  # any entry of a key: they hold equal answers
-            f, c = torch.cat([hf, f]).index_select(0, pick), torch.cat([hc, c]).index_select(0, pick)
+                0, inverse, torch.cat([cs * HOT_DECAY, score]))
         if keys.numel() > self.hot_capacity:
-            top = torch.sort(score, descending=True).indices[: self.hot_capacity].sort().values  # keys stay sorted
-            keys, f, c, score = keys[top], f[top], c[top], score[top]
-        self._hot = (keys, f, c, score)
+            top = torch.topk(score, self.hot_capacity).indices.sort().values  # keys stay sorted
+            keys, score = keys[top], score[top]
+        self._hot_cand = (keys, score)
+        self._hot_mass = self._hot_mass * HOT_DECAY + S
+        strong = score >= HOT_REPEAT
+        projected = float(score[strong].sum()) / self._hot_mass
+        if projected < HOT_USEFUL:
+            if share < HOT_USEFUL:
+                self._tier = None
+                self._hot_skip = HOT_PAUSE
+            return
+        if projected - share > max(HOT_DRIFT, 0.1 * projected):
+            order = torch.sort(torch.where(strong, score, -1.0), descending=True).indices
+            order = order[: int(strong.sum())]
+            self._rebuild_hot(keys.index_select(0, order), D)
 
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
                D: torch.device):
@@ -903,9 +1144,14 @@ class ChunkedIndex:
             part_event.record()
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
-        cm = self._critical_mass()
-        sched = _Scheduler(list(tasks), gpu_on, cpu_on, cm, self._cpu_rate, self._copy_rate)
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
+        if tasks and gpu_on and cpu_on and self.critical_mass is None and not all(self._measured.values()):
+            t0 = time.perf_counter()
+            self._calibrate(batch, tasks)
+            tm["calibrate"] += time.perf_counter() - t0
+        rates = self.rates()
+        sched = _Scheduler(list(tasks), gpu_on, cpu_on, rates, self.critical_mass)
+        planned = dict(sched.planned)
         if tasks:
             if gpu_on and cpu_on:
                 worker_error: list[BaseException] = []
@@ -935,7 +1181,8 @@ class ChunkedIndex:
             chunk.heat = 0.5 * chunk.heat + c
         st["batches"] += 1
         st["pieces"] += P
-        st["critical_mass"] = cm
+        st["critical_mass"], st["break_even_queue"] = self.critical_mass, self._break_even()
+        st["plan"] = {"gpu_queries": planned["gpu"], "cpu_queries": planned["cpu"], "rates": vars(rates).copy()}
         self._learn_rates(batch)
         return out
 
@@ -985,7 +1232,16 @@ class ChunkedIndex:
                 if cuda and entry.ready is not None:
                     compute.wait_event(entry.ready)
                 qlo, qhi = batch.queue(task, dev, self)
-                task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                if cuda:
+                    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    a.record(compute)
+                    task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                    b.record(compute)
+                    batch.gpu_lookups.append((a, b, task.size))
+                else:
+                    t1 = time.perf_counter()
+                    task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                    batch.gpu_lookups.append((None, time.perf_counter() - t1, task.size))
                 cache.tick += 1
                 entry.tick = cache.tick
                 if cuda:
@@ -1125,7 +1381,14 @@ class ChunkedIndex:
             self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
             self._measured["copy"] = True
         self._stats["time_s"]["copy"] += seconds
+        looked = sum(n for _, _, n in batch.gpu_lookups)
+        busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in batch.gpu_lookups)
+        if looked >= 1024 and busy > 0:
+            rate = looked / busy
+            self._gpu_rate = 0.5 * self._gpu_rate + 0.5 * rate if self._measured["gpu"] else rate
+            self._measured["gpu"] = True
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
+        self._stats["gpu_rate"] = self._gpu_rate
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
@@ -1207,7 +1470,9 @@ class ChunkedIndex:
             self._next_row = max(self._next_row, int(ir.max()) + 1)
         if n_ins or removed:
             self._rows_are_positions = False
-        self._hot = None  # its answers may be stale now
+        if self._tier is not None:  # its answers may be stale now: rebuilt over the new chunks at the next batch
+            self._hot_pending = self._tier["keys"]
+            self._tier = None
         self._check_budget_after_update()
         rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=rows_out)
@@ -1327,14 +1592,32 @@ class ChunkedIndex:
         self._stats_lock = threading.Lock()
         old = getattr(self, "_stats", {}).get("time_s", {}).get("build")
         self._stats = {
-            "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "queries_gpu": 0, "queries_cpu": 0, "chunk_hits": 0,
-            "chunk_misses": 0, "evictions": 0, "bytes_copied": 0, "disk_loads": 0, "bytes_loaded": 0,
-            "critical_mass": None, "cpu_rate": None, "copy_rate": None,
+            "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "hot_rebuilds": 0, "queries_gpu": 0,
+            "queries_cpu": 0, "chunk_hits": 0, "chunk_misses": 0, "evictions": 0, "bytes_copied": 0,
+            "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0,
+            "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
+            "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
-                       "load": 0.0, "hot": 0.0, "total": 0.0},
+                       "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
         }
+        self._last_batch: dict[str, Any] | None = None
         if old is not None:
             self._stats["time_s"]["build"] = old
+
+    _PER_BATCH = ("queries", "pieces", "hot_hits", "hot_rebuilds", "queries_gpu", "queries_cpu", "chunk_hits",
+                  "chunk_misses", "evictions", "bytes_copied", "bytes_calibration", "disk_loads", "bytes_loaded")
+
+    def _snapshot(self) -> dict[str, Any]:
+        with self._stats_lock:
+            return {**{k: self._stats[k] for k in self._PER_BATCH}, "time_s": dict(self._stats["time_s"])}
+
+    def _since(self, before: dict[str, Any]) -> dict[str, Any]:
+        """The counters' growth since ``before``: one call's share (the copies, CPU/GPU split, seconds)."""
+        now = self._snapshot()
+        out = {k: now[k] - before[k] for k in self._PER_BATCH}
+        out["time_s"] = {k: v - before["time_s"].get(k, 0.0) for k, v in now["time_s"].items() if k != "build"}
+        out["plan"] = self._stats["plan"]
+        return out
 
     def _count(self, name: str, amount: int) -> None:
         with self._stats_lock:
@@ -1343,13 +1626,18 @@ class ChunkedIndex:
     def stats(self) -> dict[str, Any]:
         """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
         one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
-        GPU's queues, evictions, bytes copied into the cache and read from disk, the critical mass and measured
-        rates of the last batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
-        timed on the copy stream, merge, disk loads, total, and the build), and the cache's current contents."""
+        GPU's queues, evictions, bytes copied into the cache (and by the one-time calibration) and read from
+        disk, hot-tier hits and rebuilds, the rates and the plan (queries per processor) of the last chunk batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
+        timed on the copy stream, merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot
+        tier's current contents, and ``last_batch``: the same counters and seconds for the last call alone."""
         s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
         s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._chunks)
+        s["hot_keys"] = 0 if self._tier is None else int(self._tier["keys"].numel())
+        s["hot_pairs"] = 0 if self._tier is None else self._tier["pairs_n"]
+        s["last_batch"] = None if self._last_batch is None else {
+            k: (dict(v) if isinstance(v, dict) else v) for k, v in self._last_batch.items()}
         return s
 
     def memory(self) -> dict[str, int]:
@@ -1359,8 +1647,13 @@ class ChunkedIndex:
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
             "cache": 0 if self._cache is None or self._cache.arena.buf is None else self._cache.budget,
-            "hot": 0 if self._hot is None else sum(t.nbytes for t in self._hot),
+            "hot": self._hot_bytes(),
         }
+
+    def _hot_bytes(self) -> int:
+        n = 0 if self._tier is None else sum(t.nbytes for t in self._tier["tensors"].values())
+        n += 0 if self._hot_cand is None else sum(t.nbytes for t in self._hot_cand)
+        return n
 
     def chunk_info(self) -> list[dict[str, Any]]:
         """Per chunk: keys, bytes, first ordered key of its range, whether it is loaded and cached."""
@@ -1383,6 +1676,7 @@ class _Batch:
     D: torch.device
     part_event: Any
     copies: list = field(default_factory=list)
+    gpu_lookups: list = field(default_factory=list)  # (start event, end event or seconds, queries) per GPU queue
     cpu_queries: int = 0
     cpu_time: float = 0.0
     cpu_copy_bytes: int = 0
@@ -1421,6 +1715,23 @@ def _capped(full: tuple[torch.Tensor, torch.Tensor], capacity: int) -> CappedMat
     m = min(capacity, rows.numel())
     out[:m] = rows[:m]
     return CappedMatches(offsets, out, torch.tensor(rows.numel(), dtype=torch.int64, device=rows.device))
+
+
+def _combine_csr(q: int, parts: list, D: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One CSR answer for q queries from parts (query ids, offsets, rows) over disjoint sets of queries."""
+    per = torch.zeros(q, dtype=torch.int64, device=D)
+    for idx, off, _ in parts:
+        per.index_copy_(0, idx, (off[1:] - off[:-1]).to(D))
+    offsets = torch.zeros(q + 1, dtype=torch.int64, device=D)
+    torch.cumsum(per, 0, out=offsets[1:])
+    out = torch.empty(sum(r.numel() for _, _, r in parts), dtype=torch.int64, device=D)
+    for idx, off, rows in parts:
+        if rows.numel():
+            off, rows = off.to(D), rows.to(D)
+            cnt = off[1:] - off[:-1]
+            shift = torch.repeat_interleave(offsets.index_select(0, idx) - off[:-1], cnt, output_size=rows.numel())
+            out.index_copy_(0, shift + torch.arange(rows.numel(), device=D), rows)
+    return offsets, out
 
 
 def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
