@@ -114,6 +114,30 @@ def test_automatic_policy():
         assert CgRXIndex(keys.cuda(), backend="optix")._wants_query_sort(1 << 24)
 
 
+def test_direct_lookup_only_where_nothing_else_is_needed(monkeypatch):
+    """lookup() goes straight to the operator only while no query sort and no capture refusal can apply; a
+    change of sort_queries switches it off and on again, and the sorted path still answers."""
+    keys = torch.tensor([5, 1, 5, 3, -7], dtype=torch.int64)
+    ix = CgRXIndex(keys)
+    assert ix._direct_lookup is not None
+    calls = []
+    monkeypatch.setattr(ix, "_call", lambda *a, **k: calls.append(a) or type(ix)._call(ix, *a, **k))
+    q = torch.tensor([5, 2, -7])
+    want = ix.lookup(q)
+    assert not calls  # the direct path
+    ix.sort_queries = True
+    assert ix._direct_lookup is None
+    got = ix.lookup(q)
+    assert calls and torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    assert want.first_row.tolist() == [0, -1, 4] and want.count.tolist() == [2, 0, 1]
+    ix.sort_queries = None
+    assert ix._direct_lookup is not None
+    with pytest.raises(TypeError):
+        ix.lookup(q.to(torch.int32))  # a batch the direct path does not take still gets _call's checks
+    if torch.cuda.is_available():
+        assert CgRXIndex(keys.cuda(), backend="optix")._direct_lookup is None  # capture refusal, query sort
+
+
 def test_sorted_lookup_compiles(device, gen):
     keys = int64_keys("duplicates", 1000, gen).to(device)
     index = CgRXIndex(keys)

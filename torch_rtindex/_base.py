@@ -126,6 +126,7 @@ class IndexBase:
         self._sort_queries = value
         if "_forms" in self.__dict__:
             self._sort_from = self._query_sort_threshold()
+            self._direct_lookup = self._direct_lookup_form()
 
     # ------------------------------------------------------------------------------------ subclass hooks
     def _index_tensors(self) -> tuple[torch.Tensor, ...]:
@@ -154,6 +155,14 @@ class IndexBase:
         self._cuda = self.device.type == "cuda"
         self._capture_blocked = self._capture_refusal() is not None  # the backend decides it, once
         self._sort_from = self._query_sort_threshold()
+        self._direct_lookup = self._direct_lookup_form()
+
+    def _direct_lookup_form(self):
+        """The point-lookup operator when a well-formed batch needs nothing but the operator call (no query
+        sort at any size, no capture refusal to make), else None: lookup() then skips _call's decisions."""
+        if self._sort_from != float("inf") or (self._cuda and self._capture_blocked):
+            return None
+        return self._forms["lookup"]
 
     def _capture_refusal(self) -> str | None:
         """Why this index's CUDA lookups cannot be captured in a CUDA graph, or None if they can."""
@@ -325,6 +334,10 @@ class IndexBase:
         Args:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
+        direct = self._direct_lookup
+        if (direct is not None and type(queries) is torch.Tensor and queries.dtype == self.key_dtype
+                and queries.device == self.device and queries.dim() == 1 and queries.is_contiguous()):
+            return Lookup(*direct(*self._lead, self._cfg, queries, None))  # the checks _call would pass
         return Lookup(*self._call("lookup", queries, None, "lookup"))
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
