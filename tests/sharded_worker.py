@@ -3,13 +3,16 @@
 Every rank generates every rank's keys from one seed, so each can compute the answers of an independent
 reference (tests/reference.py: numpy over the concatenated original keys) for its own queries. Checks record
 failures instead of raising, so that every rank makes the same collective calls to the end; the failures are
-raised at the end, naming the rank.
+raised at the end, naming the rank. With RTINDEX_WORKER_TRACE=1 every rank prints each error check before it
+runs it (to stderr, flushed), so that a rank that stops in a collective shows where.
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import os
+import sys
 import traceback
 
 import numpy as np
@@ -41,6 +44,8 @@ class Checker:
             self.ok(False, f"{what}: got {got.reshape(-1)[:8]} want {want.reshape(-1)[:8]}")
 
     def raises(self, fn, what: str, must_name: str | None = None) -> None:
+        if os.environ.get("RTINDEX_WORKER_TRACE") == "1":
+            print(f"[rank {self.rank}] {self.scope}: {what}", file=sys.stderr, flush=True)
         try:
             fn()
         except ShardedIndexError as e:
