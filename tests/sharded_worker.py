@@ -338,6 +338,27 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     ck.raises(lambda: upd.insert(torch.tensor([1.5], device=device) if rank == bad else keys[:3]), "bad insert dtype", "dtype")
     ck.ok(len(upd) == 100 * world, "failed update changed nothing")
     ck.eq(upd.lookup(q).first_row, want.first_row, "updatable index unchanged after a failed update")
+    # Applying fails on one rank only (an out-of-memory, simulated) after the others applied their part: they
+    # undo it, every rank raises, and the index answers as before, by key and by row, and takes updates again.
+    before, before_all = upd.lookup(q), upd.lookup_all(q)
+    n_before = len(upd)
+    if rank == bad:
+        upd._local.update = oom
+    ck.raises(lambda: upd.update(insert_keys=keys[:7] + 1000 * world, delete_keys=keys[10:14]),
+              "apply fails on one rank (by key)", "rank")
+    ck.raises(lambda: upd.update(insert_keys=keys[:3], delete_keys=keys[20:23],
+                                 delete_rows=torch.arange(20, 23, device=device) + 100 * rank),
+              "apply fails on one rank (by row)", "rank")
+    if rank == bad:
+        del upd._local.update
+    ck.ok(len(upd) == n_before, f"length unchanged after an update undone: {len(upd)} vs {n_before}")
+    after, after_all = upd.lookup(q), upd.lookup_all(q)
+    ck.eq(after.first_row, before.first_row, "undone update: first rows")
+    ck.eq(after.count, before.count, "undone update: counts")
+    ck.eq(after_all.rows, before_all.rows, "undone update: every row")
+    res = upd.update(insert_keys=keys[:2] + 1000 * world, delete_keys=keys[30:31])
+    ck.ok(res.inserted == 2 * world and res.deleted == world, f"an update after the undone one: {res}")
+    ck.ok(len(upd) == n_before + world, "length after the update that followed")
 
 
 def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, group=None) -> None:

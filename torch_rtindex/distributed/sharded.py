@@ -1097,10 +1097,13 @@ class ShardedIndex:
         planned, _ = self._agree("update_apply", plan)
         local_ins, pdk, pdr, absent_rows = planned
 
-        # Apply, then record the new local rows before agreeing: if another rank failed to apply (out of
-        # memory), this rank's index and its bookkeeping still match each other.
-        res, err = None, None
+        # Apply, then record the new local rows before agreeing. If another rank failed to apply (out of
+        # memory), this rank undoes its part (_undo_update), so the update is all-or-nothing across ranks.
+        res, err, doomed = None, None, None
+        saved = (self._l2g, self._src, self._seq, list(self._recv_totals), self._contrib_owner,
+                 getattr(self._local, "_next_row", None))
         try:
+            doomed = self._doomed_pairs(pdk, pdr)
             res = self._local.update(insert_keys=rik, insert_rows=local_ins if rik.numel() else None,
                                      delete_keys=pdk, delete_rows=pdr)
         except Exception as e:  # noqa: BLE001  (reported collectively below)
@@ -1122,18 +1125,62 @@ class ShardedIndex:
         def applied():
             if err is not None:
                 raise RuntimeError(
-                    f"applying the update failed here ({type(err).__name__}: {err}); ranks without this error "
-                    "applied their part: reload the index from a saved state"
+                    f"applying the update failed here ({type(err).__name__}: {err}); every rank undid its part, "
+                    "the index is unchanged"
                 ) from err
             return res
 
-        res, heads2 = self._agree("update_done", applied, lambda r: [r.deleted, r.absent + absent_rows])
+        try:
+            res, heads2 = self._agree("update_done", applied, lambda r: [r.deleted, r.absent + absent_rows])
+        except ShardedIndexError:
+            if err is None:  # this rank applied its part and another rank could not: take it back
+                self._undo_update(rik, local_ins, doomed, saved)
+            raise
         deleted = sum(h[_HEAD] for h in heads2)
         absent = sum(h[_HEAD + 1] for h in heads2)
         self._num_keys += sum(n_ins) - deleted
         st.mark("local")
         self._last_stats = st.stats
         return UpdateResult(inserted=sum(n_ins), deleted=deleted, absent=absent, rows=new_rows)
+
+    def _doomed_pairs(self, keys: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local (ordered key, local row) pairs a deletion of ``keys`` (with ``rows``: of those exact pairs)
+        will remove, read before the update so that it can be undone."""
+        if keys.numel() == 0:
+            return keys, keys.new_empty(0, dtype=torch.int64)
+        uk = torch.unique(keys)
+        m = self._local.lookup_all(uk)
+        okeys = torch.repeat_interleave(uk, m.offsets.diff(), output_size=m.rows.numel())
+        orows = m.rows
+        if rows is not None:  # local row IDs are unique: a pair is doomed if its row is asked for with its key
+            if orows.numel() == 0:
+                return okeys, orows
+            order = torch.argsort(orows)
+            srows, skeys = orows[order], okeys[order]
+            r = rows.to(torch.int64)
+            pos = torch.searchsorted(srows, r).clamp(max=srows.numel() - 1)
+            sel = torch.unique(pos[(srows[pos] == r) & (skeys[pos] == keys)])
+            return skeys[sel], srows[sel]
+        return okeys, orows
+
+    def _undo_update(self, ins_keys: torch.Tensor, ins_rows: torch.Tensor, doomed, saved) -> None:
+        """Takes back this rank's applied part of an update another rank failed to apply: the inserted pairs
+        deleted, the deleted ones inserted again, the bookkeeping as it was."""
+        try:
+            dk, dr = doomed
+            self._local.update(insert_keys=dk if dk.numel() else None, insert_rows=dr if dk.numel() else None,
+                               delete_keys=ins_keys if ins_keys.numel() else None,
+                               delete_rows=ins_rows if ins_keys.numel() else None)
+        except Exception as e:  # noqa: BLE001
+            raise ShardedIndexError(
+                f"ShardedIndex.update: rank {self.rank} could not undo its part of an update another rank failed "
+                f"to apply ({type(e).__name__}: {e}); its shard no longer matches the others: reload the index from "
+                "a saved state", {self.rank: str(e)}
+            ) from e
+        self._l2g, self._src, self._seq, self._recv_totals, self._contrib_owner, next_row = saved
+        if next_row is not None:
+            self._local._next_row = next_row  # the undone insertions' row IDs are free again
+        self._plan_values()
 
     def insert(self, keys: torch.Tensor) -> UpdateResult:
         """Inserts this rank's keys (collective; see :meth:`update`)."""
