@@ -74,16 +74,16 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
     cuda = dev.type == "cuda"
     ix = torch_rtindex.CgRXIndex(keys)
     op = ix._forms["lookup"]
+    sorted_keys = torch.sort(keys)[0]
     for lq in log_queries:
         q = keys[: 1 << lq].clone()
         scratch = torch.empty(1 << lq, dtype=torch.int64, device=dev)
-        s = sorted_keys = torch.sort(keys)[0]
         parts = {
             "python call of nothing": lambda: None,
             "torch.empty (one result)": lambda: torch.empty(q.numel(), dtype=torch.int64, device=dev),
             "one tiny kernel (zero_)": lambda: scratch.zero_(),
             "torch.searchsorted (one side)": lambda: torch.searchsorted(sorted_keys, q),
-            "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(s, q),
+            "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(sorted_keys, q),
             "the lookup operator alone": lambda: op(*ix._lead, ix._cfg, q, None),
             "CgRXIndex.lookup": lambda: ix.lookup(q),
         }

@@ -256,12 +256,15 @@ class IndexBase:
             t.record_stream(stream)
 
     # --------------------------------------------------------------------------------------------- lookups
+    def _plain_batch(self, t: Any) -> bool:
+        """The common case every check passes without a word: a 1-D contiguous tensor of the key dtype, here."""
+        return (type(t) is torch.Tensor and t.dtype == self.key_dtype and t.device == self.device and t.dim() == 1
+                and t.is_contiguous())
+
     def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
         """The checks every query batch passes: a fast test of the common case, the explaining one otherwise."""
-        dtype, device = self.key_dtype, self.device
-        if hi is not None or not (type(lo) is torch.Tensor and lo.dtype == dtype and lo.device == device
-                                  and lo.dim() == 1 and lo.is_contiguous()):
-            check_queries(lo, hi, dtype=dtype, device=device)
+        if hi is not None or not self._plain_batch(lo):
+            check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
 
     def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
               values: torch.Tensor | None = None, capacity: Any = None) -> tuple:
@@ -335,8 +338,7 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
         direct = self._direct_lookup
-        if (direct is not None and type(queries) is torch.Tensor and queries.dtype == self.key_dtype
-                and queries.device == self.device and queries.dim() == 1 and queries.is_contiguous()):
+        if direct is not None and self._plain_batch(queries):
             return Lookup(*direct(*self._lead, self._cfg, queries, None))  # the checks _call would pass
         return Lookup(*self._call("lookup", queries, None, "lookup"))
 

@@ -623,15 +623,13 @@ class ShardedIndex:
         overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
         caller's order in one pass (scatter_answers)."""
         internal = _internal()
-        n, W, C = lo.numel(), self.world, chunks
+        n, C = lo.numel(), chunks
         keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
         st.mark("partition")
         send_counts = counts.t().contiguous()  # row d: every chunk's count to rank d
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        both = torch.stack([send_counts, recv_counts]).tolist()
-        sc = [[both[0][d][c] for d in range(W)] for c in range(C)]  # [chunk][rank]
-        rc = [[both[1][d][c] for d in range(W)] for c in range(C)]
+        sc, rc = torch.stack([send_counts, recv_counts]).transpose(1, 2).tolist()  # each [chunk][rank]
         starts = [0]
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
