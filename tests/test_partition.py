@@ -109,3 +109,14 @@ def test_opcheck(device, gen):
             continue  # order within a bucket may differ between the runs opcheck compares
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert result == {u: "SUCCESS" for u in utils}, result
+
+
+@pytest.mark.parametrize("n", [1, 3, 40000])
+@pytest.mark.parametrize("size", [0, 1, 5000])
+def test_group_by_is_a_stable_grouping(n, size):
+    from torch_rtindex._grouping import group_by
+
+    ids = torch.randint(0, n, (size,), generator=torch.Generator().manual_seed(n + size))
+    order, counts = group_by(ids, n)
+    assert torch.equal(order, torch.argsort(ids, stable=True))
+    assert torch.equal(counts, torch.bincount(ids, minlength=n)) and counts.dtype == torch.int64

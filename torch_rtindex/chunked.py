@@ -75,6 +75,7 @@ from typing import Any
 import torch
 
 from ._base import VALUE_DTYPES, _ops, resolve_device
+from ._grouping import group_by
 from ._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
 from .cgrx import LAYOUTS, CgRXIndex
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
@@ -1114,12 +1115,8 @@ class ChunkedIndex:
             piece_q = torch.repeat_interleave(torch.arange(q, device=D), npieces, output_size=P)
             first_piece = torch.cumsum(npieces, 0) - npieces
             pchunk = clo.index_select(0, piece_q) + torch.arange(P, device=D) - first_piece.index_select(0, piece_q)
-        if len(self._chunks) == 1:
-            order = torch.arange(P, device=D)
-        else:  # narrow ids: a radix sort makes one pass per byte of the key
-            narrow = torch.int16 if len(self._chunks) < 2**15 else torch.int32
-            order = torch.sort(pchunk.to(narrow), stable=True).indices
-        counts = torch.bincount(pchunk, minlength=len(self._chunks)).tolist() if P else [0] * len(self._chunks)
+        order, counts = group_by(pchunk, len(self._chunks))
+        counts = counts.tolist()
         sq = order if piece_q is None else piece_q.index_select(0, order)  # the query of each queue entry
         s_lo = qlo.index_select(0, sq)
         s_hi = None if qhi is None else qhi.index_select(0, sq)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _extension
+from .._grouping import group_by
 from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from ..cgrx import CgRXIndex
 from ..cgrx_updatable import UpdatableCgRXIndex
@@ -402,10 +403,8 @@ class ShardedIndex:
         return distinct[torch.tensor(chosen)].to(device).contiguous()
 
     def _partition(self, owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stable partition by owner: (order, counts), ``order[i]`` = the piece at send position i. Sorted as
-        int16 (int32 beyond 32767 ranks): a radix sort then makes 2 (4) passes instead of 8."""
-        narrow = owner.to(torch.int16 if self.world < 2**15 else torch.int32)
-        return torch.argsort(narrow, stable=True), torch.bincount(owner, minlength=self.world)
+        """Stable partition by owner: (order, counts), ``order[i]`` = the piece at send position i."""
+        return group_by(owner, self.world)
 
     def _route(self, ordered: torch.Tensor) -> torch.Tensor:
         """The rank owning each ordered key."""
