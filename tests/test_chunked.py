@@ -566,10 +566,12 @@ def test_failed_updates_change_nothing(gen):
 def test_a_failing_lookup_batch_leaves_the_index_usable(gen):
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", critical_mass=50)
+    index.hot_tier = False  # it could answer a whole batch, and then no chunk task would run to fail
     q = keys[torch.randint(0, keys.numel(), (2000,), generator=gen)]
     want = index.lookup(q)
-    for stage, critical_mass in (("cpu_task", 10**9), ("gpu_task", 1)):  # every queue to the CPU; to the GPU
-        index.critical_mass = critical_mass
+    # One processor per stage: with both, either may steal the other's queues, and the faulty stage might not run.
+    for stage, processors in (("cpu_task", "cpu"), ("gpu_task", "gpu")):
+        index.processors = processors
         index._fault = lambda s, stage=stage: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")) if s == stage else None
         with pytest.raises(torch.OutOfMemoryError):
             index.lookup(q)
