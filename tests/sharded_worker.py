@@ -4,7 +4,7 @@ Every rank generates every rank's keys from one seed, so each can compute the an
 reference (tests/reference.py: numpy over the concatenated original keys) for its own queries. Checks record
 failures instead of raising, so that every rank makes the same collective calls to the end; the failures are
 raised at the end, naming the rank. With RTINDEX_WORKER_TRACE=1 every rank prints each error check before it
-runs it (to stderr, flushed), so that a rank that stops in a collective shows where.
+runs it and what it raised (to stderr, flushed), so that a rank that stops in a collective shows where.
 """
 
 from __future__ import annotations
@@ -44,14 +44,19 @@ class Checker:
             self.ok(False, f"{what}: got {got.reshape(-1)[:8]} want {want.reshape(-1)[:8]}")
 
     def raises(self, fn, what: str, must_name: str | None = None) -> None:
-        if os.environ.get("RTINDEX_WORKER_TRACE") == "1":
+        trace = os.environ.get("RTINDEX_WORKER_TRACE") == "1"
+        if trace:
             print(f"[rank {self.rank}] {self.scope}: {what}", file=sys.stderr, flush=True)
         try:
             fn()
         except ShardedIndexError as e:
+            if trace:  # what was raised: a rank one collective call behind the others shows here
+                print(f"[rank {self.rank}]   -> ShardedIndexError: {str(e)[:200]}", file=sys.stderr, flush=True)
             self.ok(must_name is None or must_name in str(e), f"{what}: message {str(e)!r} lacks {must_name!r}")
             return
         except Exception as e:  # noqa: BLE001
+            if trace:
+                print(f"[rank {self.rank}]   -> {type(e).__name__}: {str(e)[:200]}", file=sys.stderr, flush=True)
             self.failures.append(f"rank {self.rank} [{self.scope}] {what}: raised {type(e).__name__}: {e}")
             return
         self.failures.append(f"rank {self.rank} [{self.scope}] {what}: did not raise")
@@ -578,5 +583,188 @@ def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
             failures += check_group(alone, device, seed + 40, ("uniform", "duplicates"), False)
         dist.barrier()
         failures += check_group(None, device, seed + 30, ("uniform", "duplicates", "last_rank_empty", "int32"), True)
+    # Faults on one rank at every stage, with every rank's collectives recorded and compared (raises together
+    # on every rank: the comparison goes through the store).
+    try:
+        collective_sequences(rank, world, device)
+    except AssertionError as e:
+        failures.append(f"rank {rank} [{world} ranks, collective sequences] {e}")
     if failures:
         raise AssertionError(f"{len(failures)} failed checks:\n" + "\n".join(failures[:40]))
+
+
+# ------------------------------------------------------------------------- collective sequences under faults
+_COLLECTIVES = ("all_gather", "all_gather_object", "all_gather_into_tensor", "all_reduce", "all_to_all",
+                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+                "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv",
+                "isend", "irecv", "batch_isend_irecv")
+_SAME_SHAPE = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast", "reduce")  # shapes must match
+
+
+class CollectiveRecorder:
+    """Stands in for ``torch.distributed`` inside torch_rtindex.distributed.sharded: records every collective
+    the sharded index posts (function, group, dtype and device type of its tensors, their shape where the ranks'
+    shapes must match, async or not), so that the ranks can compare their sequences. Like NCCL, which refuses a
+    CPU tensor on that rank alone (the others' collective stays posted), it refuses a tensor on a device type
+    the group's backend does not serve (on the CPU: e.g. ``meta``, which gloo would silently skip)."""
+
+    def __init__(self, served: set[str]):
+        import torch.distributed as dist
+
+        self._dist, self.served, self.log = dist, served, []
+
+    def __getattr__(self, name):
+        real = getattr(self._dist, name)
+        if name not in _COLLECTIVES:
+            return real
+
+        def collective(*args, **kwargs):
+            group = kwargs.get("group")
+            ranks = self._dist.get_process_group_ranks(group if group is not None else self._dist.group.WORLD)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+            entry = [name, ranks, bool(kwargs.get("async_op", False))]
+            for t in tensors[:2]:
+                entry.append([str(t.dtype), t.device.type, list(t.shape) if name in _SAME_SHAPE else list(t.shape[1:])])
+            refused = sorted({t.device.type for t in tensors} - self.served)
+            if refused:
+                self.log.append(["REFUSED (not posted on this rank)"] + entry)
+                raise RuntimeError(f"No backend type associated with device type {refused[0]} (refused by the "
+                                   "test's CollectiveRecorder, as NCCL refuses a CPU tensor)")
+            self.log.append(entry)
+            return real(*args, **kwargs)
+
+        return collective
+
+
+def collective_sequences(rank: int, world: int, device: torch.device) -> None:
+    """Rank entry: bad input or a fault on ONE rank (each rank in turn), at every stage that can fail locally
+    between two collectives; every rank must post exactly the same collectives (compared through the store, so
+    that a mismatch is reported instead of waited for) and raise ShardedIndexError (a failed local lookup: its
+    rank and the ranks it owed answers). The index still answers afterwards. gloo is synchronous; the recorder
+    makes the sequence visible as NCCL would see it (under NCCL, "a state without tensors" is the case that
+    left the ranks one call apart before the header went on the group's device). Runs on the default group."""
+    import json
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import torch_rtindex.distributed.sharded as sharded
+
+    served = {d.type for d in dist.group.WORLD._device_types}
+    store = dist.distributed_c10d._get_default_store()
+    rec = CollectiveRecorder(served)
+    keys = torch.arange(rank * 100, rank * 100 + 100, dtype=torch.int64, device=device)
+    idx = ShardedIndex(keys)
+    upd = ShardedIndex(keys, updatable=True)
+    q = torch.arange(0, 100 * world, 7, device=device)
+    want = idx.lookup(q)
+    vals = torch.ones(100, dtype=torch.float64, device=device)
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    def fault(index, stage: str, calls=None):
+        """index._fault raising at ``stage`` on its ``calls``-th times there (1-based; None: every time)."""
+        seen = collections.Counter()
+
+        def hook(s):
+            if s == stage:
+                seen[s] += 1
+                if calls is None or seen[s] in calls:
+                    oom()
+
+        index._fault = hook
+
+    def at_pipeline(p, fn):
+        idx.pipeline = p
+        try:
+            return fn()
+        finally:
+            idx.pipeline = 1
+
+    def meta_state(state):
+        return {k: meta_state(v) if isinstance(v, dict) else v.to("meta") if isinstance(v, torch.Tensor) else v
+                for k, v in state.items()}
+
+    no_rows = {k: v for k, v in idx.state_dict().items() if k != "num_rows"}
+    gathered = idx.gathered_state_dict()  # collective: made here by every rank, not by some in a scenario
+
+    # (name, what the bad rank does differently or where it faults, the call every rank makes)
+    scenarios = [
+        ("lookup: query dtype differs", None, lambda b: idx.lookup(q.to(torch.int32) if b else q)),
+        ("aggregate: short value column", None, lambda b: idx.aggregate(q, vals[:5] if b else vals)),
+        ("pipeline differs", None, lambda b: at_pipeline(2 if b else 1, lambda: idx.lookup(q))),
+        ("lookup_fixed: query_capacity beyond int64", None, lambda b: idx.lookup_fixed(q, 2**70 if b else 64)),
+        ("from_state_dict: a state without tensors", None,
+         lambda b: ShardedIndex.from_state_dict({"format": "x"} if b else idx.state_dict())),
+        ("from_state_dict: a state on a device the backend does not serve", None,
+         lambda b: ShardedIndex.from_state_dict(meta_state(idx.state_dict()) if b else idx.state_dict())),
+        ("from_state_dict: a state without num_rows", None,
+         lambda b: ShardedIndex.from_state_dict(no_rows if b else idx.state_dict())),
+        ("build: keys on a device the backend does not serve", None,
+         lambda b: ShardedIndex(keys.to("meta") if b else keys)),
+        ("build: sample_size differs", None, lambda b: ShardedIndex(keys, sample_size=32 if b else 64)),
+        ("build: bad pipeline", None, lambda b: ShardedIndex(keys, pipeline=0 if b else 1)),
+        ("from_gathered_state: not a gathered state", None,
+         lambda b: ShardedIndex.from_gathered_state({} if b else gathered)),
+        ("build: the local index fails", None, lambda b: ShardedIndex(keys, index_factory=oom if b else None)),
+        ("pipelined lookup: routing fails", (idx, "partition", None), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
+        ("pipelined lookup: local lookup of chunk 0 fails", (idx, "local", {1}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
+        ("pipelined lookup: local lookup of chunk 1 fails", (idx, "local", {2}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
+        ("pipelined lookup: every local lookup fails", (idx, "local", None), lambda b: at_pipeline(3, lambda: idx.lookup(q))),
+        ("pipelined aggregate: local lookup of chunk 1 fails", (idx, "local", {2}),
+         lambda b: at_pipeline(2, lambda: idx.aggregate(q, vals))),
+        ("lookup: routing fails", (idx, "partition", None), lambda b: idx.lookup(q)),
+        ("lookup: local lookup fails", (idx, "local", None), lambda b: idx.lookup(q)),
+        ("range_lookup: local lookup fails", (idx, "local", None), lambda b: idx.range_lookup(q, q + 3)),
+        ("range: local lookup fails", (idx, "local", None), lambda b: idx.range(q, q + 3)),
+        ("range_capped: local lookup fails", (idx, "local", None), lambda b: idx.range_capped(q, q + 3, 5)),
+        ("lookup_fixed: local lookup fails", (idx, "local", None), lambda b: idx.lookup_fixed(q, 64)),
+        ("range_capped(query_capacity): local lookup fails", (idx, "local", None),
+         lambda b: idx.range_capped(q, q + 3, 5, query_capacity=64)),
+        ("gathered_state_dict: export fails", (idx, "export", None), lambda b: idx.gathered_state_dict()),
+        ("update: applying fails", (upd, "update_apply", None),
+         lambda b: upd.update(insert_keys=keys[:3] + 1000 * world, delete_keys=keys[10:12])),
+        ("update: recording the applied update fails", (upd, "update_record", None),
+         lambda b: upd.update(insert_keys=keys[:3] + 1000 * world, delete_keys=keys[10:12])),
+    ]
+    n_before = len(upd)
+    for bad in range(world):
+        for name, where, call in scenarios:
+            b = rank == bad
+            if b and where is not None:
+                fault(*where)
+            rec.log = []
+            sharded.dist = rec
+            try:
+                call(b)
+                outcome = "returned"
+            except ShardedIndexError:
+                outcome = "ShardedIndexError"
+            except Exception as e:  # noqa: BLE001
+                outcome = f"{type(e).__name__}: {str(e)[:160]}"
+            finally:
+                sharded.dist = dist
+                idx._fault = upd._fault = None
+            key = f"collective_sequences/{bad}/{name}"
+            store.set(f"{key}/{rank}", json.dumps({"log": rec.log, "outcome": outcome}))
+            store.wait([f"{key}/{r}" for r in range(world)], timedelta(seconds=120))
+            got = [json.loads(store.get(f"{key}/{r}")) for r in range(world)]
+            what = f"[{name}, on rank {bad}]"
+            if any(g["log"] != got[0]["log"] for g in got):
+                table = "\n".join(f"  rank {r}: " + "\n          ".join(map(str, g["log"])) for r, g in enumerate(got))
+                raise AssertionError(f"{what} the ranks posted different collectives:\n{table}")
+            # A failed local lookup raises on its rank and on the ranks it owed answers (the others get theirs);
+            # any other failure raises on every rank.
+            owed_only = where is not None and where[1] == "local"
+            ok = ("ShardedIndexError", "returned") if owed_only else ("ShardedIndexError",)
+            if got[bad]["outcome"] != "ShardedIndexError" or any(g["outcome"] not in ok for g in got):
+                raise AssertionError(f"{what} outcomes {[g['outcome'] for g in got]}, wanted {' or '.join(ok)} "
+                                     "(ShardedIndexError on the failing rank)")
+        r = idx.lookup(q)
+        assert torch.equal(r.first_row, want.first_row) and torch.equal(r.count, want.count), "index changed"
+        assert len(upd) == n_before, f"updatable index changed: {len(upd)} vs {n_before}"
+    # Every fault was undone: the updatable index still takes an update.
+    res = upd.update(insert_keys=keys[:2] + 1000 * world)
+    assert res.inserted == 2 * world and len(upd) == n_before + 2 * world, res

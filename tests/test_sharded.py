@@ -19,7 +19,10 @@ TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
 
 def test_sharded_gloo_two_three_four_ranks():
     """Process start-up dominates the cost, so one group of four processes runs every check on 2-rank groups
-    (two side by side), a 3-rank group and all 4 ranks (sharded_worker.run, layout "2+3+4")."""
+    (two side by side), a 3-rank group and all 4 ranks (sharded_worker.run, layout "2+3+4"), then, on all 4
+    ranks, bad input or a fault on each rank in turn at every stage between two collectives, with every rank's
+    sequence of collectives recorded and compared (sharded_worker.collective_sequences: gloo is synchronous,
+    the recorder shows the sequences as NCCL would have to match them)."""
     spawn(sharded_worker.run, 4, 0, "2+3+4", timeout_s=120, join_timeout_s=400)
 
 

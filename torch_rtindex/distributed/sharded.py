@@ -50,7 +50,10 @@ _OPS = [
     "gathered_state_dict", "lookup_fixed", "range_lookup_fixed", "aggregate_fixed", "range_aggregate_fixed",
 ]
 _OP_CODES = {name: i for i, name in enumerate(_OPS)}
-_HEAD = 6  # status, op, key type, key dtype, call number, values dtype; then 2 * world + 4 extra integers
+# Header columns: status, op, key type, key dtype, call number, values dtype, data device type; then
+# 2 * world + 4 extra integers.
+_HEAD = 7
+_DEVICE_CODES = {"cpu": 0, "cuda": 1, "xpu": 2, "mps": 3, "hpu": 4, "meta": 5}
 
 _LOCAL_CLASSES = {c.__name__: c for c in (CgRXIndex, UpdatableCgRXIndex, RXIndex)}
 STATE_FORMAT = "torch_rtindex.ShardedIndex"
@@ -176,9 +179,11 @@ class ShardedIndex:
     Errors: every call first shares a small header (status of this rank's input checks, operation, call number,
     sizes) with one ``all_gather``; bad input on any rank, or ranks calling different methods, raises
     :class:`ShardedIndexError` on every rank before any data moves, and the index is unchanged. A local lookup
-    that fails after the exchange (out of memory) raises on that rank and on every rank it owed answers.
-    With NCCL, call ``torch.cuda.set_device`` on every rank first (the error path gathers messages with
-    ``all_gather_object``).
+    that fails after the exchange (out of memory) raises on that rank and on every rank it owed answers (with
+    the fixed-capacity forms: on every rank, unless checks are off). Whatever fails on one rank, every rank
+    posts the same collectives. With NCCL, call ``torch.cuda.set_device`` on every rank first (headers go on
+    the current GPU, and the error path gathers messages with ``all_gather_object``); inputs must be on a
+    device the group's backend serves (NCCL: CUDA).
 
     Updates (``updatable=True``): :meth:`update`, :meth:`insert`, :meth:`delete`. State: :meth:`state_dict` /
     :meth:`from_state_dict` per rank, :meth:`gathered_state_dict` / :meth:`from_gathered_state` as one state.
@@ -197,15 +202,19 @@ class ShardedIndex:
         profile: bool = False,
     ) -> None:
         self._setup(group, index_factory, updatable, profile)
-        if pipeline is None:
-            pipeline = _default_pipeline(keys.device if isinstance(keys, torch.Tensor) else torch.device("cpu"))
-        if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
-            raise ValueError(f"pipeline must be a positive int, got {pipeline!r}")
+        failure = None  # a bad argument on one rank is raised on every rank by the build's header
+        try:
+            if pipeline is None:
+                pipeline = _default_pipeline(keys.device if isinstance(keys, torch.Tensor) else torch.device("cpu"))
+            if isinstance(pipeline, bool) or not isinstance(pipeline, int) or pipeline < 1:
+                raise ValueError(f"pipeline must be a positive int, got {pipeline!r}")
+            if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
+                raise ValueError(f"sample_size must be a positive int, got {sample_size!r}")
+        except ValueError as e:
+            failure, pipeline, sample_size = e, 1, 1
         self.pipeline = pipeline
-        if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
-            raise ValueError(f"sample_size must be a positive int, got {sample_size!r}")
         self.sample_size = sample_size
-        self._build(keys, key_type)
+        self._build(keys, key_type, failure=failure)
 
     # -------------------------------------------------------------------------------------------- set-up
     def _setup(self, group, index_factory, updatable, profile) -> None:
@@ -225,6 +234,25 @@ class ShardedIndex:
         self._check_s = 0.0
         self._last_stats: dict[str, Any] = {}
         self._values_cache: tuple | None = None
+        # Every header goes on the device the group's object collectives use, chosen from the group alone,
+        # never from a rank's inputs: a rank whose inputs are bad (a state without tensors, keys on the CPU
+        # under NCCL) still posts its header on a device the backend serves, and raises with the others.
+        self._head_device = _group_device(self.group)
+        self._fault: Callable[[str], None] | None = None  # test hook: called with a stage name, may raise
+
+    def _maybe_fault(self, stage: str) -> None:
+        """Fault injection for tests (``self._fault``): stages "partition" (routing a point lookup), "local"
+        (every local lookup), "update_apply", "update_record" (bookkeeping after applying), "export"
+        (gathered_state_dict)."""
+        if self._fault is not None:
+            self._fault(stage)
+
+    def _check_served(self, device: torch.device, what: str) -> None:
+        """Raises unless the group's backend serves ``device``'s type (NCCL: CUDA only)."""
+        types = _group_device_types(self.group)
+        if types and device.type not in types:
+            raise ValueError(f"{what} are on {device}, a device type that the process group's backend does not "
+                             f"serve (it serves {', '.join(sorted(types))}); with NCCL, put them on this rank's GPU")
 
     # ------------------------------------------------------------------------------------ collective checks
     def _agree(self, op: str, validate: Callable[[], Any] | None, extra: Callable[[Any], list[int]] | None = None,
@@ -232,25 +260,36 @@ class ShardedIndex:
                device: torch.device | None = None) -> tuple[Any, list[list[int]]]:
         """Runs the local checks, then shares every rank's header; raises :class:`ShardedIndexError` on every
         rank if any rank's checks failed or the ranks called different operations. Returns the local checks'
-        result and the gathered headers ([world][_HEAD + 2 * world + 4] ints): one host synchronization."""
+        result and the gathered headers ([world][_HEAD + 2 * world + 4] ints): one host synchronization.
+
+        Whatever fails here on one rank (its checks, ``extra``, a header value that does not fit int64) becomes
+        its status: every rank posts the same header ``all_gather`` on the group's device (``device``, the
+        device of the call's data, only goes into the header), so no rank can leave the others' header
+        unmatched."""
         t0 = time.perf_counter()
         result, err = None, None
+        n_extra = 2 * self.world + 4
+        op_code = _OP_CODES[op]
         try:
             if validate is not None:
                 result = validate()
+            vals = [0] * n_extra
+            if extra is not None:
+                got = extra(result)
+                if len(got) > n_extra:
+                    raise ValueError(f"{len(got)} header values for {n_extra} places")
+                vals[: len(got)] = got
+            kt = key_type if key_type is not None else getattr(self, "key_type", None)
+            kd = key_dtype if key_dtype is not None else getattr(self, "key_dtype", None)
+            dev = device if device is not None else getattr(self, "device", None)
+            dev_code = _DEVICE_CODES.get(dev.type, len(_DEVICE_CODES)) if isinstance(dev, torch.device) else -1
+            head = [0, op_code, KEY_TYPES.get(kt, -1), _DTYPE_CODES.get(kd, -1), self._calls, values_code,
+                    dev_code, *vals]
+            mine = torch.tensor(head, dtype=torch.int64, device=self._head_device)
         except Exception as e:  # noqa: BLE001  (any local failure becomes a collective error)
             err = e
-        n_extra = 2 * self.world + 4
-        vals = [0] * n_extra
-        if err is None and extra is not None:
-            got = extra(result)
-            vals[: len(got)] = got
-        kt = key_type if key_type is not None else getattr(self, "key_type", None)
-        kd = key_dtype if key_dtype is not None else getattr(self, "key_dtype", None)
-        head = [1 if err is not None else 0, _OP_CODES[op], KEY_TYPES.get(kt, -1), _DTYPE_CODES.get(kd, -1),
-                self._calls, values_code, *vals]
-        dev = device if device is not None else self.device
-        mine = torch.tensor(head, dtype=torch.int64, device=dev)
+            head = [1, op_code, -1, -1, self._calls, -1, -1] + [0] * n_extra
+            mine = torch.tensor(head, dtype=torch.int64, device=self._head_device)
         gathered = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(gathered, mine, group=self.group)
         heads = torch.stack(gathered).tolist()
@@ -292,33 +331,39 @@ class ShardedIndex:
         return kt
 
     def _build(self, keys: torch.Tensor, key_type: str | None, rows: torch.Tensor | None = None,
-               mapped: bool = False, num_rows: int | None = None, key_dtype: torch.dtype | None = None) -> None:
+               mapped: bool = False, num_rows: int | None = None, key_dtype: torch.dtype | None = None,
+               failure: BaseException | None = None) -> None:
         """Collective build. ``rows``/``mapped``/``num_rows``: from a gathered state (ordered keys with their
-        global row IDs)."""
+        global row IDs). ``failure``: this rank's error while reading that state, raised on every rank."""
         device = keys.device if isinstance(keys, torch.Tensor) else torch.device("cpu")
 
         def validate():
+            if failure is not None:
+                raise failure
             if mapped:
-                return key_type
+                self._check_served(device, "the keys")
+                return key_type, keys
             kt = self._check_keys(keys, key_type)
+            self._check_served(device, "the keys")
             if keys.numel() > MAX_KEYS:
                 raise ValueError(f"a rank holds at most 2^32 - 1 keys, got {keys.numel()}")
-            return kt
+            return kt, _ops().map_keys(keys, KEY_TYPES[kt])  # mapped here: a failure is this rank's status
 
-        kt, heads = self._agree(
-            "build", validate, lambda kt: [keys.numel()],
+        (kt, ordered), heads = self._agree(
+            "build", validate, lambda r: [keys.numel(), self.sample_size],
             key_type=key_type if mapped else _key_type_or_none(keys, key_type),
             key_dtype=key_dtype if mapped else getattr(keys, "dtype", None), device=device,
         )
         self._disagree(heads, 2, "the key type", lambda v: _KEY_TYPE_NAMES.get(v, "?"))
         self._disagree(heads, 3, "the key dtype", lambda v: str(_CODE_DTYPES.get(v, "?")))
+        self._disagree(heads, 6, "the device type of the keys", _device_name)
+        self._disagree(heads, _HEAD + 1, "sample_size", str)  # the sizes of the samples' all_gather
         self.key_type = kt
         self.key_dtype = key_dtype if mapped else keys.dtype
         self.device = device
         counts = [h[_HEAD] for h in heads]
         offset = sum(counts[: self.rank])
         st = _Stages("build", self.profile, device, self.rank)
-        ordered = keys if mapped else _ops().map_keys(keys, KEY_TYPES[kt])
         if rows is None:
             rows = torch.arange(offset, offset + ordered.numel(), dtype=torch.int64, device=device)
         self._splitters = self._choose_splitters(ordered, counts)
@@ -596,6 +641,7 @@ class ShardedIndex:
                          values: torch.Tensor | None) -> torch.Tensor:
         """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits), written in one
         pass that also makes the local row IDs global (pack_answers)."""
+        self._maybe_fault("local")
         loc = self._local
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
@@ -620,15 +666,34 @@ class ShardedIndex:
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
         overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
-        caller's order in one pass (scatter_answers)."""
+        caller's order in one pass (scatter_answers).
+
+        Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
+        the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
+        is a flag in the all_reduce after the returns (its rank and every rank it owed answers raise)."""
         internal = _internal()
-        n, C = lo.numel(), chunks
-        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
+        n, C, W = lo.numel(), chunks, self.world
+        part_err = None
+        try:
+            self._maybe_fault("partition")
+            keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
+            # Row d: every chunk's count to rank d, then this rank's status (0: routed).
+            send_counts = torch.cat([counts.t(), counts.new_zeros((W, 1))], dim=1)
+        except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
+            part_err = e
+            send_counts = torch.zeros((W, C + 1), dtype=torch.int64, device=self.device)
+            send_counts[:, C] = 1
         st.mark("partition")
-        send_counts = counts.t().contiguous()  # row d: every chunk's count to rank d
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        sc, rc = torch.stack([send_counts, recv_counts]).transpose(1, 2).tolist()  # each [chunk][rank]
+        sc, rc = torch.stack([send_counts, recv_counts]).transpose(1, 2).tolist()  # each [chunk][rank] + status
+        failed_ranks = [r for r in range(W) if rc[C][r]]
+        if failed_ranks:
+            msg = "" if part_err is None else f"; here: {type(part_err).__name__}: {part_err}"
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed_ranks}{msg}; "
+                                    "no queries were exchanged, the index is unchanged",
+                                    {self.rank: str(part_err)} if part_err is not None else {}) from part_err
+        sc, rc = sc[:C], rc[:C]
         starts = [0]
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
@@ -742,6 +807,7 @@ class ShardedIndex:
         query, owner, plo, phi = self._pieces(qlo, qhi)
         got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
         def local():
+            self._maybe_fault("local")
             m = self._local.range(got[:, 0].contiguous(), got[:, 1].contiguous())
             return m.offsets[1:] - m.offsets[:-1], self._to_global(m.rows)
 
@@ -808,12 +874,12 @@ class ShardedIndex:
 
         if query_capacity is not None and not self._checks_wanted(None):
             self._check_s = 0.0
-            return self._capped_fixed(op, lo, hi, capacity, query_capacity)
+            return self._capped_fixed(op, lo, hi, capacity, query_capacity, checked=False)
         _, heads = self._agree(op, validate, lambda _: [lo.numel(), capacity, -1 if query_capacity is None else query_capacity])
         self._disagree(heads, _HEAD + 1, "capacity", str)
         self._disagree(heads, _HEAD + 2, "query_capacity", str)
         if query_capacity is not None:
-            return self._capped_fixed(op, lo, hi, capacity, query_capacity)
+            return self._capped_fixed(op, lo, hi, capacity, query_capacity, checked=True)
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi = self._pieces(qlo, qhi)
@@ -822,6 +888,7 @@ class ShardedIndex:
         # Per source block: its pieces' full counts and the first `capacity` rows of its answer (never more of
         # a block's rows can land in the caller's first `capacity`).
         def local():
+            self._maybe_fault("local")
             parts, start = [], 0
             for s in range(self.world):
                 b = recv_splits[s]
@@ -890,8 +957,32 @@ class ShardedIndex:
     def _checks_wanted(self, check: bool | None) -> bool:
         if check is not None:
             return bool(check)
+        return self._eager()
+
+    def _eager(self) -> bool:
+        """Neither compiling nor capturing a CUDA graph: Python exceptions can be caught and reported."""
         capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
         return not (torch.compiler.is_compiling() or capturing)
+
+    def _fixed_local(self, fn, shape: tuple[int, int]):
+        """The local stage of a fixed-capacity call: (payload [world, 1 + per-rank answer] with this rank's
+        status in column 0, error). In eager mode a failure (out of memory, ...) answers _FAILED with status 1,
+        so that this rank still posts the return exchange; compiled or captured, the local stage runs as is."""
+        if self._eager():
+            ans, err = self._guarded(fn, lambda: torch.full(shape, _FAILED, dtype=torch.int64, device=self.device))
+        else:
+            ans, err = fn(), None
+        status = torch.full((shape[0], 1), int(err is not None), dtype=torch.int64, device=self.device)
+        return torch.cat([status, ans.reshape(shape)], dim=1), err
+
+    def _fixed_failed(self, op: str, err: BaseException | None, status: torch.Tensor, checked: bool) -> None:
+        """After a fixed-capacity return exchange (``status``: each owner's status): with checks, every rank
+        raises if any owner failed (one host synchronization); without, only the failed rank raises (the
+        others' answers from a failed owner are undefined: a call without checks reads no flag)."""
+        if checked:
+            self._raise_failed(op, err, status != 0, [1] * self.world)
+        elif err is not None:
+            self._raise_failed(op, err, status[:0], [])
 
     def lookup_fixed(self, queries: torch.Tensor, query_capacity: int, *, check: bool | None = None) -> Fixed:
         """:meth:`lookup` through the fixed-capacity exchange: every rank sends each rank a block of exactly
@@ -968,7 +1059,8 @@ class ShardedIndex:
         return rdata, rvalid, gover, pos.clamp(max=trash - 1) if trash else pos, dropped
 
     def _fixed(self, op, lo, hi, values, query_capacity, check):
-        if self._checks_wanted(check):
+        checked = self._checks_wanted(check)
+        if checked:
             vcode, cached = self._values_header(values)
 
             def validate():
@@ -996,10 +1088,13 @@ class ShardedIndex:
         rlo = rdata[:, 0].contiguous()
         rhi = None if hi is None else rdata[:, 1].contiguous()
         base = op.removesuffix("_fixed")
-        ans = self._local_per_query(base, rlo, rhi, local_values)
+        payload, err = self._fixed_local(lambda: self._local_per_query(base, rlo, rhi, local_values),
+                                         (self.world, qcap * 2))
         st.mark("local")
-        back = self._a2a(ans.reshape(self.world, qcap * 2), None, None, st).reshape(self.world * qcap, 2)
+        got = self._a2a(payload, None, None, st)
         st.mark("return")
+        self._fixed_failed(op, err, got[:, 0], checked)
+        back = got[:, 1:].reshape(self.world * qcap, 2)
         mine = back[pos] if back.shape[0] else torch.zeros(pos.numel(), 2, dtype=torch.int64, device=self.device)
         if valid is not None:  # a range's pieces at shards it does not overlap contribute nothing
             mine = torch.where(valid[:, None], mine, torch.tensor([-1, 0], device=self.device) if "lookup" in op
@@ -1009,7 +1104,7 @@ class ShardedIndex:
         self._last_stats = st.stats
         return Fixed(out, gover)
 
-    def _capped_fixed(self, op, lo, hi, capacity, qcap) -> Fixed:
+    def _capped_fixed(self, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
@@ -1017,13 +1112,20 @@ class ShardedIndex:
         # Slots past a block's count become empty ranges (ordered lo 1 > hi 0), so they add no rows.
         rlo = torch.where(rvalid, rdata[:, 0], 1)
         rhi = torch.where(rvalid, rdata[:, 1], 0)
-        parts = []
-        for s in range(self.world):
-            c = self._local.range_capped(rlo[s * qcap:(s + 1) * qcap].contiguous(), rhi[s * qcap:(s + 1) * qcap].contiguous(), capacity)
-            parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], self._to_global(c.rows)]))
+        def local():
+            self._maybe_fault("local")
+            parts = []
+            for s in range(self.world):
+                c = self._local.range_capped(rlo[s * qcap:(s + 1) * qcap].contiguous(), rhi[s * qcap:(s + 1) * qcap].contiguous(), capacity)
+                parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], self._to_global(c.rows)]))
+            return torch.stack(parts)
+
+        payload, err = self._fixed_local(local, (self.world, qcap + capacity))
         st.mark("local")
-        back = self._a2a(torch.stack(parts), None, None, st)
+        got = self._a2a(payload, None, None, st)
         st.mark("return")
+        self._fixed_failed(op, err, got[:, 0], checked)
+        back = got[:, 1:]
         counts_from = back[:, :qcap].reshape(-1)
         rows_from = back[:, qcap:].reshape(-1)
         gen_counts = counts_from[pos] if counts_from.numel() else torch.zeros_like(owner)
@@ -1099,13 +1201,14 @@ class ShardedIndex:
         res, err, doomed = None, None, None
         saved = (self._l2g, self._src, self._seq, list(self._recv_totals), self._contrib_owner,
                  getattr(self._local, "_next_row", None))
-        try:
+        applied_here = False
+        try:  # every local failure up to update_done is this rank's status there (no rank skips it)
+            self._maybe_fault("update_apply")
             doomed = self._doomed_pairs(pdk, pdr)
             res = self._local.update(insert_keys=rik, insert_rows=local_ins if rik.numel() else None,
                                      delete_keys=pdk, delete_rows=pdr)
-        except Exception as e:  # noqa: BLE001  (reported collectively below)
-            err = e
-        if err is None:
+            applied_here = True
+            self._maybe_fault("update_record")
             self._l2g = torch.cat([self._l2g, rir])
             srcs = torch.repeat_interleave(torch.arange(self.world, device=self.device),
                                            torch.tensor(i_recv, device=self.device), output_size=sum(i_recv))
@@ -1116,10 +1219,19 @@ class ShardedIndex:
             self._recv_totals = [a + b for a, b in zip(self._recv_totals, i_recv)]
             self._contrib_owner = torch.cat([self._contrib_owner, i_owner])
             self._plan_values()
+        except Exception as e:  # noqa: BLE001  (reported collectively below)
+            err = e
+            if applied_here:  # applied, but recording it failed: this rank takes its own part back now
+                try:
+                    self._undo_update(rik, local_ins, doomed, saved)
+                except ShardedIndexError as undo_err:
+                    err = undo_err
         self._num_rows += sum(n_ins)  # row IDs handed out are used up either way
         self._values_cache = None
 
         def applied():
+            if isinstance(err, ShardedIndexError):  # this rank could not undo its part (message says so)
+                raise err
             if err is not None:
                 raise RuntimeError(
                     f"applying the update failed here ({type(err).__name__}: {err}); every rank undid its part, "
@@ -1209,15 +1321,22 @@ class ShardedIndex:
         size. ``device``: where to build (default: where the state's tensors are)."""
         self = cls.__new__(cls)
         self._setup(group, None, bool(state.get("updatable", False)) if isinstance(state, dict) else False, profile)
-        dev = torch.device(device) if device is not None else (
-            state["local_to_global"].device if isinstance(state, dict) and isinstance(state.get("local_to_global"), torch.Tensor)
-            else torch.device("cpu"))
+        dev_err = None
+        try:  # a bad device= on one rank is reported by the header like any other bad input
+            dev = torch.device(device) if device is not None else (
+                state["local_to_global"].device if isinstance(state, dict) and isinstance(state.get("local_to_global"), torch.Tensor)
+                else torch.device("cpu"))
+        except Exception as e:  # noqa: BLE001
+            dev, dev_err = torch.device("cpu"), e
         self.device = dev
         self.pipeline = _default_pipeline(dev)
 
         def validate():
+            if dev_err is not None:
+                raise dev_err
             if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
                 raise ValueError("not a ShardedIndex state of version 1 (from ShardedIndex.state_dict())")
+            self._check_served(dev, "the state's tensors (or device=)")
             if state["world_size"] != self.world or state["rank"] != self.rank:
                 raise ValueError(
                     f"this state is rank {state['rank']} of {state['world_size']}, loaded on rank {self.rank} of "
@@ -1236,6 +1355,7 @@ class ShardedIndex:
         got, heads = self._agree("load_state_dict", validate, lambda g: [int(state["num_rows"])], device=dev,
                                  key_type=state.get("key_type") if isinstance(state, dict) else None)
         self._disagree(heads, 2, "the key type", lambda v: _KEY_TYPE_NAMES.get(v, "?"))
+        self._disagree(heads, 6, "the device type", _device_name)
         self._disagree(heads, _HEAD, "the number of rows", str)
         local, self.key_dtype, self._splitters, self._l2g, self._src, self._seq, self._contrib_owner = got
         self._local = local
@@ -1260,13 +1380,16 @@ class ShardedIndex:
         """Collective: one state of the whole index on every rank (CPU tensors): every live (key, global row)
         pair, keys as ordered keys, sorted by row. Load it into a group of any size with
         :meth:`from_gathered_state`; it is what one rank would need to rebuild the index alone."""
-        self._agree("gathered_state_dict", None)
-        if hasattr(self._local, "_export"):
-            okeys, lrows = self._local._export()
-        else:  # read-only local index: its keys are the ordered keys in local row order
-            okeys = self._local.state_dict()["keys"]
-            lrows = torch.arange(okeys.numel(), device=self.device)
-        pairs = (okeys.cpu(), self._l2g[lrows].cpu() if lrows.numel() else lrows.cpu())
+        def export():  # before the header, so that a failure here is raised on every rank
+            self._maybe_fault("export")
+            if hasattr(self._local, "_export"):
+                okeys, lrows = self._local._export()
+            else:  # read-only local index: its keys are the ordered keys in local row order
+                okeys = self._local.state_dict()["keys"]
+                lrows = torch.arange(okeys.numel(), device=self.device)
+            return okeys.cpu(), self._l2g[lrows].cpu() if lrows.numel() else lrows.cpu()
+
+        pairs, _ = self._agree("gathered_state_dict", export)
         everyone: list[Any] = [None] * self.world
         dist.all_gather_object(everyone, pairs, group=self.group)
         keys = torch.cat([p[0] for p in everyone])
@@ -1286,16 +1409,27 @@ class ShardedIndex:
         self = cls.__new__(cls)
         self._setup(group, index_factory, updatable, profile)
         self.sample_size = sample_size
-        if not isinstance(state, dict) or state.get("format") != GATHERED_FORMAT:
-            raise ValueError("not a gathered ShardedIndex state (from ShardedIndex.gathered_state_dict())")
-        dev = torch.device(device)
-        n = state["keys"].numel()
-        a, b = n * self.rank // self.world, n * (self.rank + 1) // self.world
-        keys = state["keys"][a:b].to(dev).contiguous()
-        rows = state["rows"][a:b].to(dev).contiguous()
+        # Everything read from the state is read before the first collective; what fails on one rank is raised
+        # on every rank by the build's header (_build's ``failure``).
+        try:
+            if not isinstance(state, dict) or state.get("format") != GATHERED_FORMAT:
+                raise ValueError("not a gathered ShardedIndex state (from ShardedIndex.gathered_state_dict())")
+            if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
+                raise ValueError(f"sample_size must be a positive int, got {sample_size!r}")
+            dev = torch.device(device)
+            n = state["keys"].numel()
+            a, b = n * self.rank // self.world, n * (self.rank + 1) // self.world
+            keys = state["keys"][a:b].to(dev).contiguous()
+            rows = state["rows"][a:b].to(dev).contiguous()
+            key_type, num_rows, key_dtype = state["key_type"], state["num_rows"], getattr(torch, state["key_dtype"])
+            failure = None
+        except Exception as e:  # noqa: BLE001
+            dev, failure = torch.device("cpu"), e
+            self.sample_size = 1
+            keys = rows = torch.empty(0, dtype=torch.int64)
+            key_type, num_rows, key_dtype = None, 0, None
         self.pipeline = _default_pipeline(dev)
-        self._build(keys, state["key_type"], rows=rows, mapped=True, num_rows=state["num_rows"],
-                    key_dtype=getattr(torch, state["key_dtype"]))
+        self._build(keys, key_type, rows=rows, mapped=True, num_rows=num_rows, key_dtype=key_dtype, failure=failure)
         return self
 
     # ----------------------------------------------------------------------------------------- reporting
@@ -1331,6 +1465,33 @@ class ShardedIndex:
     def __repr__(self) -> str:
         return (f"ShardedIndex(rank={self.rank}/{self.world}, keys={self._num_keys}, local_keys={len(self._local)}, "
                 f"key_type={self.key_type}, device={self.device}, local={type(self._local).__name__})")
+
+
+def _group_device_types(group: dist.ProcessGroup) -> frozenset[str]:
+    """The device types the group's backend(s) serve (NCCL: cuda; gloo: cpu and cuda); empty if unknown."""
+    try:
+        return frozenset(d.type for d in group._device_types)
+    except Exception:  # noqa: BLE001  (a ProcessGroup without the property: no check)
+        return frozenset()
+
+
+def _group_device(group: dist.ProcessGroup) -> torch.device:
+    """The device of the call headers, from the group alone (the rule of ``all_gather_object``): the one device
+    type its backend serves, else the CPU where served, else the first type; an accelerator's current device."""
+    try:
+        types = [d.type for d in group._device_types]
+    except Exception:  # noqa: BLE001
+        types = []
+    kind = types[0] if len(types) == 1 else ("cpu" if not types or "cpu" in types else types[0])
+    if kind == "cpu":
+        return torch.device("cpu")
+    module = getattr(torch, kind, None)
+    current = getattr(module, "current_device", None)
+    return torch.device(kind, current()) if callable(current) else torch.device(kind)
+
+
+def _device_name(code: int) -> str:
+    return {v: k for k, v in _DEVICE_CODES.items()}.get(code, "?")
 
 
 def _key_type_or_none(keys: Any, key_type: str | None) -> str | None:
