@@ -81,6 +81,7 @@ TORCH_LIBRARY(rtindex, m) {
   // the key dtype (or as ordered keys with key_type uint64) and are mapped where the kernels read them.
 #define RTINDEX_RX_INDEX "Tensor structure, Tensor keys, int[] config, Tensor lo, Tensor? hi"
   m.def(torch::schema("rx_lookup(" RTINDEX_RX_INDEX ") -> (Tensor first_row, Tensor count)"), kOptixTags);
+  m.def(torch::schema("rx_lookup_rows(" RTINDEX_RX_INDEX ", int miss_row) -> Tensor first_row"), kOptixTags);
   m.def(torch::schema("rx_lookup_csr(" RTINDEX_RX_INDEX ") -> (Tensor offsets, Tensor rows)"), kOptixTags);
   m.def(torch::schema("rx_lookup_csr_capped(" RTINDEX_RX_INDEX
                       ", SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)"),
@@ -91,7 +92,9 @@ TORCH_LIBRARY(rtindex, m) {
   // layout), `reps` (the representatives) and `table` (the radix table over them, int32) come from
   // cgrx_build; `scene_structure` is the representatives' OptiX GAS (CUDA) or triangles (CPU) from
   // cgrx_build_scene. backend: 0 = radix table, 1 = OptiX rays, 2 = binary search over the representatives.
-  m.def("cgrx_build(Tensor keys, int bucket_size, int layout) -> (Tensor pairs, Tensor reps, Tensor table)");
+  // keys: of key_type (map_keys's numbering), mapped where the build reads them; the default, uint64, takes ordered
+  // keys as they are.
+  m.def("cgrx_build(Tensor keys, int bucket_size, int layout, int key_type=2) -> (Tensor pairs, Tensor reps, Tensor table)");
   // The sorted pairs back as (ordered keys, int64 row IDs), in (key, row ID) order: what the index holds.
   m.def("cgrx_pairs_export(Tensor pairs, int layout) -> (Tensor keys, Tensor rows)");
   // representation: 0 = naive (markers at x = -1), 1 = optimized (the paper's §3.3; needs the pairs, bucket_size
@@ -107,6 +110,7 @@ TORCH_LIBRARY(rtindex, m) {
 #define RTINDEX_CGRX_INDEX "Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, int[] config, Tensor lo, Tensor? hi"
 #define RTINDEX_CGRX_LOOKUPS(prefix, tags)                                                                        \
   m.def(torch::schema(prefix "_lookup(" RTINDEX_CGRX_INDEX ") -> (Tensor first_row, Tensor count)"), tags);     \
+  m.def(torch::schema(prefix "_lookup_rows(" RTINDEX_CGRX_INDEX ", int miss_row) -> Tensor first_row"), tags);  \
   m.def(torch::schema(prefix "_lookup_csr(" RTINDEX_CGRX_INDEX ") -> (Tensor offsets, Tensor rows)"), tags);    \
   m.def(torch::schema(prefix "_lookup_csr_capped(" RTINDEX_CGRX_INDEX                                          \
                       ", SymInt capacity) -> (Tensor offsets, Tensor rows, Tensor total)"),                      \

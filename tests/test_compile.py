@@ -18,7 +18,7 @@ from keysets import ROW, int64_keys, point_queries, range_queries
 from reference import Reference, check_lookup, check_matches
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torch_rtindex import CgRXIndex, Lookup, Matches, RXIndex, UpdatableCgRXIndex, join_capped
+from torch_rtindex import CgRXIndex, IdToRow, Lookup, Matches, RXIndex, UpdatableCgRXIndex, join_capped
 
 def rtindex_ops_in(graphs) -> set[str]:
     """The rtindex operators called in Dynamo's captured FX graphs."""
@@ -213,6 +213,28 @@ def test_reduce_overhead_runs_around_optix_lookups(gen, kind):
             batch = q.cuda()[torch.randperm(q.numel(), generator=gen).cuda()]
             assert torch.equal(compiled(batch), step(batch)), i
     torch.cuda.synchronize()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_reduce_overhead_follows_a_rebuilt_index(gen):
+    """The index's tensors are static graph inputs under mode="reduce-overhead" (no copy per call): a rebuild
+    that replaces them is seen by the next compiled call, and IdToRow inside the graph answers as eager."""
+    keys, q, _, _, _ = make_data(gen, 3000, 512)
+    index = CgRXIndex(keys.cuda(), backend="radix")
+    to_row = IdToRow(keys.cuda(), miss="default", default_row=5)
+
+    def step(q: torch.Tensor):
+        return index.lookup(q).first_row + 1, to_row(q) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for i in range(6):
+        if i == 3:
+            index.rebuild(keys.flip(0).cuda())
+            to_row.rebuild(keys.flip(0).cuda())
+        batch = q.cuda()[torch.randperm(q.numel(), generator=gen).cuda()]
+        got, want = compiled(batch), step(batch)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), i
 
 
 @pytest.mark.parametrize("kind", ["rx", "cgrx"])

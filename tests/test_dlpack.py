@@ -28,7 +28,7 @@ class MappedInputs(TorchDispatchMode):
         self.ptrs: list[int] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._opname in ("map_keys", "map_ranges"):
+        if func._opname in ("map_keys", "map_ranges", "cgrx_build"):  # cgrx_build maps the keys it sorts
             self.ptrs += [a.data_ptr() for a in args if isinstance(a, torch.Tensor)]
         elif func._opname.endswith("_lookup"):
             self.ptrs += [a.data_ptr() for a in args[-2:] if isinstance(a, torch.Tensor)]

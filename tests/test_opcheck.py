@@ -132,6 +132,14 @@ def test_rx_lookup(device, data, is_range):
     check_lookup(Lookup(*ops.rx_lookup(*args)), first, count)
     # an empty batch of queries
     opcheck(ops.rx_lookup.default, (*args[:3], args[3][:0], None if args[4] is None else args[4][:0], *args[5:]))
+    check_lookup_rows(ops.rx_lookup_rows, args, first)
+
+
+def check_lookup_rows(op, args, first) -> None:
+    """The one-output form: the first rows, the miss row where a query has none (also an empty index)."""
+    for miss_row in (-1, 0, 7, 2**62):
+        opcheck(op.default, (*args, miss_row))
+        np.testing.assert_array_equal(op(*args, miss_row).cpu().numpy(), np.where(first < 0, miss_row, first))
 
 
 @pytest.mark.parametrize("is_range", [False, True])
@@ -317,6 +325,9 @@ def test_cgrx_lookups(device, data, backend, is_range):
 
     opcheck(ops.cgrx_lookup.default, args, utils)
     check_lookup(Lookup(*ops.cgrx_lookup(*args)), first, count)
+    for miss_row in (-1, 3):
+        opcheck(ops.cgrx_lookup_rows.default, (*args, miss_row), utils)
+        np.testing.assert_array_equal(ops.cgrx_lookup_rows(*args, miss_row).cpu().numpy(), np.where(first < 0, miss_row, first))
 
     opcheck(ops.cgrx_lookup_csr.default, args, utils)
     full = ops.cgrx_lookup_csr(*args)

@@ -76,6 +76,9 @@ def test_sorted_lookups_equal_the_reference(device, gen, kind):
         for mode in (True, False, None):
             index.sort_queries = mode
             check_lookup(index.lookup(dq), first, count)
+            for miss_row in (-1, 99):
+                want = np.where(first < 0, miss_row, first)
+                np.testing.assert_array_equal(index.lookup_rows(dq, miss_row).cpu().numpy(), want)
             check_lookup(index.range_lookup(dlo, dhi), rfirst, rcount)
             agg = index.aggregate(dq, dv)
             np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
@@ -152,3 +155,16 @@ def test_sorted_lookup_compiles(device, gen):
     for n in (500, 317):
         a, b = compiled(q[:n]), fn(q[:n])
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_lookup_rows_checks_its_arguments(device, gen):
+    keys = int64_keys("uniform", 300, gen).to(device)
+    for index in (*indexes(keys), CgRXIndex(keys[:0])):
+        for bad in (True, 1.5, "3", None):
+            with pytest.raises(TypeError, match="miss_row must be an int"):
+                index.lookup_rows(keys, bad)
+        with pytest.raises(TypeError):
+            index.lookup_rows(keys.int(), 0)  # the wrong key dtype: the checks every lookup makes
+        got = index.lookup_rows(keys[:5].flip(0), -7)
+        np.testing.assert_array_equal(got.cpu().numpy(), index.lookup(keys[:5].flip(0)).first_row.cpu().numpy()
+                                      if len(index) else np.full(5, -7))

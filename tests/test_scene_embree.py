@@ -64,7 +64,8 @@ def test_point_rays_hit_exactly_their_key(name, kind):
     # a point ray meets its triangle half a slot along the z axis
     hit = expected >= 0
     half_z = 2.0 ** (scene_cfg[4] - 1)
-    np.testing.assert_array_equal(res["tfar"][hit], np.float32(half_z))
+    # (within Embree's own rounding, which differs by an ulp between its SIMD paths on different CPUs)
+    np.testing.assert_allclose(res["tfar"][hit], np.float32(half_z), rtol=4 * np.finfo(np.float32).eps, atol=0)
 
 
 @pytest.mark.parametrize("name", list(SCENES))

@@ -148,8 +148,14 @@ class IndexBase:
         ops = _ops()
         family = self._op_family()
         # The overloads themselves: calling a packet resolves its overload on every call.
-        self._forms = {f: getattr(ops, f"{family}_{f}").default for f in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate")}
+        self._forms = {f: getattr(ops, f"{family}_{f}").default for f in ("lookup", "lookup_rows", "lookup_csr", "lookup_csr_capped", "aggregate")}
         self._lead = self._index_tensors()
+        if self.device.type == "cuda":
+            # Under torch.compile(mode="reduce-overhead") the index's tensors are graph inputs; marked static, the
+            # CUDA graphs read them where they are instead of copying them into the graph's own buffers every call
+            # (a guard recompiles when a rebuild replaces them).
+            for t in self._lead:
+                torch._dynamo.mark_static_address(t)
         self._cfg = self._config(self.key_type)
         self._cfg_ordered = self._config("uint64")
         self._cuda = self.device.type == "cuda"
@@ -190,16 +196,29 @@ class IndexBase:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ building
-    def _map_keys(self, keys: torch.Tensor, what: str = "keys") -> torch.Tensor:
-        """Checks keys to index (dtype, device, count, no NaN) and maps them to ordered keys."""
+    def _check_build_keys(self, keys: torch.Tensor, what: str = "keys") -> None:
+        """Checks keys to index: dtype, device, count, no NaN."""
         check_key_tensor(keys, what, dtype=self.key_dtype, device=self.device)
         if keys.numel() > MAX_KEYS:
             raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
             raise ValueError(f"{what} contain NaN, which has no place in a key order; drop or replace those rows")
+
+    def _map_keys(self, keys: torch.Tensor, what: str = "keys") -> torch.Tensor:
+        """Checks keys to index (_check_build_keys) and maps them to ordered keys."""
+        self._check_build_keys(keys, what)
         ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
         self._record_input_uses((keys,))
         return ordered
+
+    def _note_raw_key_span(self, keys: torch.Tensor) -> None:
+        """_note_key_span from keys in the index's key dtype, without an ordered copy of them all: the mapping
+        is monotone, so the extremes' ordered keys are the ordered keys' extremes."""
+        if keys.numel() == 0 or self.key_type == "uint64":  # ordered keys are the keys' own bits
+            self._note_key_span(keys.view(torch.int64))
+            return
+        ends = torch.stack(list(torch.aminmax(keys)))
+        self._note_key_span(_ops().map_keys(ends, KEY_TYPES[self.key_type]), already_sorted=True)
 
     def _note_key_span(self, ordered: torch.Tensor, already_sorted: bool = False) -> None:
         """Remembers which key bits a query sort should order by (query_sort_bits); called by every build.
@@ -267,7 +286,7 @@ class IndexBase:
             check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
 
     def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
-              values: torch.Tensor | None = None, capacity: Any = None) -> tuple:
+              values: torch.Tensor | None = None, capacity: Any = None, miss_row: int = -1) -> Any:
         """One lookup: checks, then the index's operator on the caller's queries (mapped inside the kernels);
         answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
         self._check_queries(lo, hi)
@@ -278,6 +297,8 @@ class IndexBase:
             extra = (self._values(values),)  # the caller's column, or a contiguous copy of it
         elif capacity is not None:
             extra = (capacity,)
+        elif form == "lookup_rows":
+            extra = (miss_row,)
         op = self._forms[form]
         if form in ("lookup_csr", "lookup_csr_capped") or not self._wants_query_sort(lo.numel()):
             return op(*self._lead, self._cfg, lo, hi, *extra)
@@ -289,6 +310,8 @@ class IndexBase:
         slo, order = ops.sort_queries(qlo, *self._query_bits)
         shi = None if qhi is None else qhi.index_select(0, order)
         out = op(*self._lead, self._cfg_ordered, slo, shi, *extra)
+        if isinstance(out, torch.Tensor):
+            return torch.empty_like(out).index_copy_(0, order, out)
         return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
     def _query_sort_threshold(self) -> float:
@@ -341,6 +364,21 @@ class IndexBase:
         if direct is not None and self._plain_batch(queries):
             return Lookup(*direct(*self._lead, self._cfg, queries, None))  # the checks _call would pass
         return Lookup(*self._call("lookup", queries, None, "lookup"))
+
+    def lookup_rows(self, queries: torch.Tensor, miss_row: int = -1) -> torch.Tensor:
+        """Point lookups answered by the smallest matching row ID alone, ``miss_row`` where a query has no
+        match: ``lookup(queries).first_row`` with the misses replaced, in one operator call with one result
+        tensor (what :class:`~torch_rtindex.IdToRow` maps IDs with).
+
+        Args:
+            queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
+            miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
+        """
+        if self._direct_lookup is not None and type(miss_row) is int and self._plain_batch(queries):
+            return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
+        if isinstance(miss_row, bool) or not isinstance(miss_row, int):
+            raise TypeError(f"miss_row must be an int, got {type(miss_row).__name__}")
+        return self._call("lookup_rows", queries, None, "lookup_rows", miss_row=miss_row)
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order; empty when ``lo[i] > hi[i]``)

@@ -57,12 +57,17 @@ def _capped_csr(lo: torch.Tensor, capacity):
 
 
 def _register_lookups(prefix: str) -> None:
-    """The four lookup forms of an operator family; every index argument precedes ``config, lo, hi``."""
+    """The five lookup forms of an operator family; every index argument precedes ``config, lo, hi``."""
 
     @register_fake(f"rtindex::{prefix}_lookup")
     def _(*args):
         lo = args[-2]
         return lo.new_empty(lo.shape, dtype=torch.int64), lo.new_empty(lo.shape, dtype=torch.int64)
+
+    @register_fake(f"rtindex::{prefix}_lookup_rows")
+    def _(*args):
+        lo = args[-3]
+        return lo.new_empty(lo.shape, dtype=torch.int64)
 
     @register_fake(f"rtindex::{prefix}_lookup_csr")
     def _(*args):
@@ -112,7 +117,7 @@ def _(pairs, layout):
 
 
 @register_fake("rtindex::cgrx_build")
-def _(keys, bucket_size, layout):
+def _(keys, bucket_size, layout, key_type=2):
     return (
         keys.new_empty((_dynamic_size(),), dtype=torch.int32),
         keys.new_empty((_dynamic_size(),), dtype=torch.int64),

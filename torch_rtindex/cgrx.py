@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes, query_sort_bits
-from ._keys import resolve_key_type
+from ._keys import KEY_TYPES, resolve_key_type
 from ._config import Backend, BucketSearch, Layout, Representation, cgrx_config
 from .scene import SceneConfig
 
@@ -173,10 +173,13 @@ class CgRXIndex(CgRXSearch):
         self._build(keys)
 
     def _build(self, keys: torch.Tensor) -> None:
-        ordered = self._map_keys(keys)
+        # The build maps the keys where its sort reads them: no ordered copy of them all (build memory).
+        self._check_build_keys(keys)
         ops = _ops()
-        self._n = ordered.numel()
-        self._pairs, self._reps, self._table = ops.cgrx_build(ordered, self.bucket_size, LAYOUTS[self.layout])
+        self._n = keys.numel()
+        self._pairs, self._reps, self._table = ops.cgrx_build(keys, self.bucket_size, LAYOUTS[self.layout],
+                                                              KEY_TYPES[self.key_type])
+        self._record_input_uses((keys,))
         self.num_buckets = -(-self._n // self.bucket_size)
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(
@@ -185,7 +188,7 @@ class CgRXIndex(CgRXSearch):
             )
         else:
             self._scene = self._no_scene()
-        self._note_key_span(ordered)
+        self._note_raw_key_span(keys)
         self._prepare_lookups()
 
     def rebuild(self, keys: torch.Tensor) -> None:

@@ -161,13 +161,18 @@ class IdToRow(torch.nn.Module):
                 self.rebuild()
         if self._index is None:
             raise RuntimeError(f"IdToRow holds no index on device {self.ids.device}; move it to a real device")
-        if ids.dim() == 1 and ids.is_contiguous():  # the common batch: no reshape round trip
-            rows = self._index.lookup(ids).first_row
+        index = self._index
+        flat = ids if ids.dim() == 1 and ids.is_contiguous() else ids.reshape(-1).contiguous()
+        default = self.miss == "default"
+        if hasattr(index, "lookup_rows"):  # the miss row written by the lookup's own kernel: one operator call
+            rows = index.lookup_rows(flat, self.default_row if default else -1)
         else:
-            rows = self._index.lookup(ids.reshape(-1).contiguous()).first_row.view(ids.shape)
-        if self.miss == "default":
-            rows = torch.where(rows < 0, self.default_row, rows)
-        elif self.miss == "error":
+            rows = index.lookup(flat).first_row
+            if default:
+                rows = torch.where(rows < 0, self.default_row, rows)
+        if flat is not ids:
+            rows = rows.view(ids.shape)
+        if self.miss == "error":
             _miss_check()(rows, ids)
         return rows
 

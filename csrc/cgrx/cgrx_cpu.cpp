@@ -2,6 +2,7 @@
 // OptiX backend's answer is, by definition, the first representative >= key; on the CPU it is computed by
 // binary search, and the Embree test checks that the scene and rays (cgrx_scene.h) give that same bucket.
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -17,7 +18,17 @@
 namespace rtindex::cgrx {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
+// Keys of `key_type` as ordered keys (int64 storage): the keys themselves where they are ordered already
+// (uint64 in int64 storage), else map_keys through the dispatcher (for operators that take either).
+inline at::Tensor ordered_keys_of(const at::Tensor& keys, int64_t key_type) {
+  if (key_type_from_int(key_type) == KeyType::UInt64 && keys.scalar_type() == at::kLong) return keys;
+  static const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("rtindex::map_keys", "").typed<at::Tensor(const at::Tensor&, int64_t)>();
+  return op.call(keys, key_type);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& raw_keys, int64_t bucket_size, int64_t layout,
+                                                              int64_t key_type) {
+  const at::Tensor keys = ordered_keys_of(raw_keys, key_type);
   check_ordered_keys(keys, "keys");
   const Layout l = pairs_layout_from_int(layout);
   check_bucket_size(bucket_size);
@@ -94,6 +105,11 @@ auto matches_of(const IndexArgs& a, const QueryKeys& qs) {
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cpu(CGRX_LOOKUP_ARGS) {
   CGRX_PREPARE;
   return cpu_results::first_and_count(lo.numel(), lo.options().dtype(at::kLong), matches_of(a, qs));
+}
+
+at::Tensor cgrx_lookup_rows_cpu(CGRX_LOOKUP_ARGS, int64_t miss_row) {
+  CGRX_PREPARE;
+  return cpu_results::first_rows(lo.numel(), lo.options().dtype(at::kLong), miss_row, matches_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
@@ -176,11 +192,13 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_build_scene", &cgrx_build_scene_cpu);
   m.impl("cgrx_pairs_export", &cgrx_pairs_export_cpu);
   m.impl("cgrx_lookup", &cgrx_lookup_cpu);
+  m.impl("cgrx_lookup_rows", &cgrx_lookup_rows_cpu);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cpu);
   // The same kernels under the names of the ray-tracing backend (ops.cpp says why).
   m.impl("cgrx_optix_lookup", &cgrx_lookup_cpu);
+  m.impl("cgrx_optix_lookup_rows", &cgrx_lookup_rows_cpu);
   m.impl("cgrx_optix_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_optix_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cpu);

@@ -9,7 +9,7 @@
 
 #include "../core/cuda_utils.h"
 #include "../core/results_cuda.h"
-#include "../core/sort.h"
+#include "../core/sort_cuda.cuh"
 #include "../optix/gas.h"
 #include "../optix/optix_runtime.h"
 #include "cgrx_args.h"
@@ -22,10 +22,11 @@ namespace {
 // Two payload values: the closest hit's primitive index and its back-face bit (cgrx_programs.cu).
 const optix::ProgramSet kCgrxPrograms{"cgrx", "__raygen__cgrx", "__miss__cgrx", "__closesthit__cgrx", nullptr, 2};
 
-__global__ void store_pairs_kernel(const uint64_t* __restrict__ keys, const int64_t* __restrict__ rows, uint32_t* pairs,
+template <typename K>
+__global__ void store_pairs_kernel(const K* __restrict__ keys, const uint32_t* __restrict__ rows, uint32_t* pairs,
                                    int64_t n, Layout l) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    store_pair(pairs, n, l, i, keys[i], static_cast<uint32_t>(rows[i]));
+    store_pair(pairs, n, l, i, static_cast<uint64_t>(keys[i]), rows[i]);
 }
 
 __global__ void export_pairs_kernel(Pairs p, uint64_t* __restrict__ keys, int64_t* __restrict__ rows) {
@@ -54,22 +55,30 @@ __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, Sc
     bucket_triangles(reps, pairs, s, b, c, v);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor& keys, int64_t bucket_size, int64_t layout) {
-  check_ordered_keys(keys, "keys");
-  const Layout l = pairs_layout_from_int(layout);
-  check_bucket_size(bucket_size);
-  const c10::cuda::CUDAGuard guard(keys.device());
-  const int64_t n = keys.numel();
-  auto [sorted, order] = sort_ordered(keys);
-  at::Tensor pairs = at::empty({layout_words(l, n)}, keys.options().dtype(at::kInt));
+template <typename K>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> build_from_sorted(SortedPositions& s, int64_t bucket_size, Layout l) {
+  const int64_t n = s.keys.numel();
+  const K* sorted = static_cast<const K*>(s.keys.data_ptr());
+  at::Tensor pairs = at::empty({layout_words(l, n)}, s.keys.options().dtype(at::kInt));
   if (n > 0) {
-    store_pairs_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
-        reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), order.data_ptr<int64_t>(),
+    store_pairs_kernel<K><<<grid_for(n), kBlock, 0, current_stream()>>>(
+        sorted, reinterpret_cast<const uint32_t*>(s.rows.data_ptr<int32_t>()),
         reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), n, l);
     RTX_CHECK_LAUNCH();
   }
-  at::Tensor reps = group_lasts_cuda(sorted, bucket_size);
-  return {pairs, reps, build_pairs_radix_table_cuda(sorted, reps, l, bucket_size)};
+  s.rows.reset();  // the pairs hold the positions now
+  at::Tensor reps = group_lasts_cuda(sorted, n, bucket_size, s.keys.options());
+  return {pairs, reps, build_pairs_radix_table_cuda(sorted, n, reps, l, bucket_size)};
+}
+
+// keys: the caller's keys of `key_type` (uint64 for ordered keys), mapped where the sort reads them.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cuda(const at::Tensor& keys, int64_t bucket_size, int64_t layout,
+                                                               int64_t key_type) {
+  const Layout l = pairs_layout_from_int(layout);
+  check_bucket_size(bucket_size);
+  const c10::cuda::CUDAGuard guard(keys.device());
+  SortedPositions s = sort_positions_cuda(keys, key_type);
+  return s.narrow ? build_from_sorted<uint32_t>(s, bucket_size, l) : build_from_sorted<uint64_t>(s, bucket_size, l);
 }
 
 at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::IntArrayRef scene, int64_t representation,
@@ -99,7 +108,7 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
         reinterpret_cast<Vec3*>(vertices.data_ptr<float>()));
     RTX_CHECK_LAUNCH();
   }
-  return gas::build(vertices, triangles, /*allow_update=*/false);
+  return gas::build(std::move(vertices), triangles, /*allow_update=*/false);
 }
 
 // The radix-table and binary-search backends: one thread per query, grid-stride. The binary search is the
@@ -191,6 +200,12 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {
   return cuda_results::first_and_count(l, lo.numel(), lo.options().dtype(at::kLong), false);
 }
 
+at::Tensor cgrx_lookup_rows_cuda(CGRX_LOOKUP_ARGS, int64_t miss_row) {
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  return cuda_results::first_rows(l, lo.numel(), lo.options().dtype(at::kLong), false, miss_row);
+}
+
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cuda(CGRX_LOOKUP_ARGS) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
@@ -223,11 +238,13 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_build_scene", &cgrx_build_scene_cuda);
   m.impl("cgrx_pairs_export", &cgrx_pairs_export_cuda);
   m.impl("cgrx_lookup", &cgrx_lookup_cuda);
+  m.impl("cgrx_lookup_rows", &cgrx_lookup_rows_cuda);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cuda);
   // The same kernels under the names of the ray-tracing backend (ops.cpp says why).
   m.impl("cgrx_optix_lookup", &cgrx_lookup_cuda);
+  m.impl("cgrx_optix_lookup_rows", &cgrx_lookup_rows_cuda);
   m.impl("cgrx_optix_lookup_csr", &cgrx_lookup_csr_cuda);
   m.impl("cgrx_optix_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
   m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cuda);

@@ -73,19 +73,20 @@ inline at::Tensor build_pairs_radix_table_cpu(const at::Tensor& sorted, const at
 }
 
 #if defined(__CUDACC__)
-static __global__ void group_lasts_kernel(const uint64_t* __restrict__ sorted, int64_t n, int64_t group, uint64_t* out,
-                                          int64_t m) {
+// K: the sorted keys' element type: uint64_t, or uint32_t for the 32-bit key types' narrow build.
+template <typename K>
+__global__ void group_lasts_kernel(const K* __restrict__ sorted, int64_t n, int64_t group, uint64_t* out, int64_t m) {
   for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
-    out[b] = sorted[group_last(b, group, n)];
+    out[b] = static_cast<uint64_t>(sorted[group_last(b, group, n)]);
 }
 
-inline at::Tensor group_lasts_cuda(const at::Tensor& sorted, int64_t group) {
-  const int64_t n = sorted.numel(), m = (n + group - 1) / group;
-  at::Tensor out = at::empty({m}, sorted.options());
+template <typename K>
+at::Tensor group_lasts_cuda(const K* sorted, int64_t n, int64_t group, const at::TensorOptions& opts) {
+  const int64_t m = (n + group - 1) / group;
+  at::Tensor out = at::empty({m}, opts.dtype(at::kLong));
   if (m == 0) return out;
-  group_lasts_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
-      reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>()), n, group,
-      reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), m);
+  group_lasts_kernel<K><<<grid_for(m), kBlock, 0, current_stream()>>>(sorted, n, group,
+                                                                      reinterpret_cast<uint64_t*>(out.data_ptr<int64_t>()), m);
   RTX_CHECK_LAUNCH();
   return out;
 }
@@ -104,34 +105,38 @@ static __global__ void radix_table_kernel(const uint64_t* reps, uint64_t m, int 
 }
 
 // Clears the unique-keys flag where two neighbouring sorted keys are equal (every writer writes the same value).
-static __global__ void clear_unique_flag_kernel(const uint64_t* __restrict__ sorted, int64_t n, int32_t* table) {
+template <typename K>
+__global__ void clear_unique_flag_kernel(const K* __restrict__ sorted, int64_t n, int32_t* table) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x + 1; i < n; i += int64_t(gridDim.x) * blockDim.x)
     if (sorted[i - 1] == sorted[i]) table[2] = 0;
 }
 
-// `sorted`: the index's sorted keys where the flag "no two keys are equal" should be derived from them.
-inline at::Tensor build_radix_table_cuda(const at::Tensor& unit_reps, const at::Tensor* sorted = nullptr) {
+// unique_flag: start from "no two keys are equal" (the caller then clears it where that is false).
+inline at::Tensor build_radix_table_cuda(const at::Tensor& unit_reps, bool unique_flag = false) {
   const uint64_t m = static_cast<uint64_t>(unit_reps.numel());
   at::Tensor table = at::zeros({radix_table_words(m)}, unit_reps.options().dtype(at::kInt));
   if (m == 0) return table;
   const int bits = radix_log2_slots(m);
   const int64_t work = std::max<int64_t>((int64_t(1) << bits) + 1, static_cast<int64_t>(m));
   radix_table_kernel<<<grid_for(work), kBlock, 0, current_stream()>>>(
-      reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>()), m, bits, sorted ? kRadixUniqueKeys : 0,
+      reinterpret_cast<const uint64_t*>(unit_reps.data_ptr<int64_t>()), m, bits, unique_flag ? kRadixUniqueKeys : 0,
       table.data_ptr<int32_t>());
   RTX_CHECK_LAUNCH();
-  if (sorted && sorted->numel() > 1) {
-    clear_unique_flag_kernel<<<grid_for(sorted->numel()), kBlock, 0, current_stream()>>>(
-        reinterpret_cast<const uint64_t*>(sorted->data_ptr<int64_t>()), sorted->numel(), table.data_ptr<int32_t>());
-    RTX_CHECK_LAUNCH();
-  }
   return table;
 }
 
-inline at::Tensor build_pairs_radix_table_cuda(const at::Tensor& sorted, const at::Tensor& bucket_reps, Layout l,
-                                               int64_t bucket_size) {
+// The read-only index's table over its n sorted keys, with the unique-keys flag derived from them.
+template <typename K>
+at::Tensor build_pairs_radix_table_cuda(const K* sorted, int64_t n, const at::Tensor& bucket_reps, Layout l,
+                                        int64_t bucket_size) {
   const int64_t unit = static_cast<int64_t>(radix_unit_pairs(l, static_cast<uint64_t>(bucket_size)));
-  return build_radix_table_cuda(unit == bucket_size ? bucket_reps : group_lasts_cuda(sorted, unit), &sorted);
+  at::Tensor table = build_radix_table_cuda(
+      unit == bucket_size ? bucket_reps : group_lasts_cuda(sorted, n, unit, bucket_reps.options()), true);
+  if (n > 1) {
+    clear_unique_flag_kernel<K><<<grid_for(n), kBlock, 0, current_stream()>>>(sorted, n, table.data_ptr<int32_t>());
+    RTX_CHECK_LAUNCH();
+  }
+  return table;
 }
 #endif
 

@@ -15,12 +15,9 @@
 namespace rtindex::cpu_results {
 
 // ForEach: void(int64_t query, Visit) where Visit is called with every matching row ID.
+// Per query its smallest row (`miss_row` where none) into f and, where c is given, its match count.
 template <typename ForEach>
-std::tuple<at::Tensor, at::Tensor> first_and_count(int64_t q, const at::TensorOptions& opts, ForEach&& for_each) {
-  at::Tensor first = at::empty({q}, opts);
-  at::Tensor count = at::empty({q}, opts);
-  int64_t* f = first.data_ptr<int64_t>();
-  int64_t* c = count.data_ptr<int64_t>();
+void fold_first(int64_t q, int64_t* f, int64_t* c, int64_t miss_row, ForEach&& for_each) {
   at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int64_t best = -1, n = 0;
@@ -28,11 +25,26 @@ std::tuple<at::Tensor, at::Tensor> first_and_count(int64_t q, const at::TensorOp
         best = (best < 0 || row < best) ? row : best;
         ++n;
       });
-      f[i] = best;
-      c[i] = n;
+      f[i] = n ? best : miss_row;
+      if (c) c[i] = n;
     }
   });
+}
+
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> first_and_count(int64_t q, const at::TensorOptions& opts, ForEach&& for_each) {
+  at::Tensor first = at::empty({q}, opts);
+  at::Tensor count = at::empty({q}, opts);
+  fold_first(q, first.data_ptr<int64_t>(), count.data_ptr<int64_t>(), -1, for_each);
   return {first, count};
+}
+
+// The first row of each query alone, `miss_row` for a miss.
+template <typename ForEach>
+at::Tensor first_rows(int64_t q, const at::TensorOptions& opts, int64_t miss_row, ForEach&& for_each) {
+  at::Tensor first = at::empty({q}, opts);
+  fold_first(q, first.data_ptr<int64_t>(), nullptr, miss_row, for_each);
+  return first;
 }
 
 // Per-query counts and their prefix sums: (offsets [q + 1], counts [q]).

@@ -19,8 +19,20 @@ std::tuple<at::Tensor, at::Tensor> first_and_count(Launcher& l, int64_t q, const
   at::Tensor count = at::empty({q}, opts);
   l.p.results.first_row = first.data_ptr<int64_t>();
   l.p.results.count = count.data_ptr<int64_t>();
+  l.p.results.miss_row = -1;
   l.run(ResultMode::First);
   return {first, count};
+}
+
+// The first row of each query alone, `miss_row` for a miss: one result tensor, one launch.
+template <typename Launcher>
+at::Tensor first_rows(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index, int64_t miss_row) {
+  if (empty_index) return at::full({q}, miss_row, opts);
+  at::Tensor first = at::empty({q}, opts);
+  l.p.results.first_row = first.data_ptr<int64_t>();
+  l.p.results.miss_row = miss_row;
+  l.run(ResultMode::Rows);
+  return first;
 }
 
 // Pass 1 of a CSR lookup: per-query counts and, prefix-summed on the device, the offsets. Returns (offsets,

@@ -14,6 +14,7 @@ enum class ResultMode : uint32_t {
   Count = 1,      // count only (pass 1 of a CSR result)
   Fill = 2,       // rows[offsets[q] + i] (pass 2 of a CSR result), only below `capacity`
   Aggregate = 3,  // count + sum of values[row]
+  Rows = 4,       // first_row only, `miss_row` where a query has no match (IdToRow's one-output form)
 };
 
 enum class ValueKind : uint32_t { Int64 = 0, Int32 = 1, Float32 = 2, Float64 = 3 };
@@ -28,6 +29,7 @@ struct ResultParams {
   const void* values;
   void* sums;
   int64_t capacity;  // Fill: the length of `rows`; entries at or past it are counted but not written
+  int64_t miss_row;  // First, Rows: the first row of a query without a match
 };
 
 // count, smallest row ID and the 64-bit sum as two words: four 32-bit values, as OptiX payloads are.
@@ -69,7 +71,9 @@ __device__ __forceinline__ void record_hit(const ResultParams& r, HitState& s, u
 
 __device__ __forceinline__ void write_result(const ResultParams& r, const HitState& s, unsigned long long q) {
   const ResultMode mode = static_cast<ResultMode>(r.mode);
-  if (mode == ResultMode::First) store_once(r.first_row + q, s.count ? static_cast<int64_t>(s.first) : int64_t(-1));
+  if (mode == ResultMode::First || mode == ResultMode::Rows)
+    store_once(r.first_row + q, s.count ? static_cast<int64_t>(s.first) : r.miss_row);
+  if (mode == ResultMode::Rows) return;
   if (mode != ResultMode::Fill) store_once(r.count + q, static_cast<int64_t>(s.count));
   if (mode == ResultMode::Aggregate) {
     const unsigned long long bits = (static_cast<unsigned long long>(s.sum_hi) << 32) | s.sum_lo;

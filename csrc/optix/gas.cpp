@@ -63,7 +63,7 @@ GasHeader read_header(const at::Tensor& structure) {
   return h;
 }
 
-at::Tensor build(const at::Tensor& vertices, int64_t n, bool allow_update) {
+at::Tensor build(at::Tensor vertices, int64_t n, bool allow_update) {
   const c10::cuda::CUDAGuard guard(vertices.device());
   const auto u8 = vertices.options().dtype(at::kByte);
   GasHeader header{0, 0, static_cast<uint64_t>(n), 0, allow_update ? 1u : 0u};
@@ -104,7 +104,9 @@ at::Tensor build(const at::Tensor& vertices, int64_t n, bool allow_update) {
     optix::check(o.optixAccelBuild(ctx, s, &options, &in.input, 1, ptr(temp), sizes.tempSizeInBytes,
                                    ptr(uncompacted), sizes.outputSizeInBytes, &handle, &emit, 1),
                  "optixAccelBuild");
+    // Neither is read again: their memory goes back before the compacted copy is made (the build's peak).
     temp.reset();
+    vertices.reset();
     const int64_t bytes = compacted_size.item<int64_t>();  // the one host sync of a build
     structure = at::empty({kGasHeaderBytes + bytes}, u8);
     optix::check(o.optixAccelCompact(ctx, s, handle, ptr(structure, kGasHeaderBytes), bytes, &handle),

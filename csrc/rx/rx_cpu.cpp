@@ -103,6 +103,11 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_cpu(RX_LOOKUP_ARGS) {
   return cpu_results::first_and_count(lo.numel(), keys.options(), matches_of(a));
 }
 
+at::Tensor rx_lookup_rows_cpu(RX_LOOKUP_ARGS, int64_t miss_row) {
+  const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
+  return cpu_results::first_rows(lo.numel(), keys.options(), miss_row, matches_of(a));
+}
+
 std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cpu(RX_LOOKUP_ARGS) {
   const LookupArgs a = lookup_args(structure, keys, config, lo, hi);
   return cpu_results::csr(lo.numel(), keys.options(), /*sort_rows=*/true, matches_of(a));
@@ -125,6 +130,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("rx_build", &rx_build_cpu);
   m.impl("rx_refit", &rx_refit_cpu);
   m.impl("rx_lookup", &rx_lookup_cpu);
+  m.impl("rx_lookup_rows", &rx_lookup_rows_cpu);
   m.impl("rx_lookup_csr", &rx_lookup_csr_cpu);
   m.impl("rx_lookup_csr_capped", &rx_lookup_csr_capped_cpu);
   m.impl("rx_aggregate", &rx_aggregate_cpu);

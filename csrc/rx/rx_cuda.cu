@@ -110,6 +110,14 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, c
   return cuda_results::first_and_count(l, l.q, keys.options(), l.p.num_keys == 0);
 }
 
+at::Tensor rx_lookup_rows_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config,
+                              const at::Tensor& lo, const c10::optional<at::Tensor>& hi, int64_t miss_row) {
+  const c10::cuda::CUDAGuard guard(keys.device());
+  const RxConfig cfg = rx_config(config);
+  Launch l(structure, keys, cfg, lo, hi);
+  return cuda_results::first_rows(l, l.q, keys.options(), l.p.num_keys == 0, miss_row);
+}
+
 std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
     const c10::optional<at::Tensor>& hi) {
   const c10::cuda::CUDAGuard guard(keys.device());
@@ -163,6 +171,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("rx_build", &rx_build_cuda);
   m.impl("rx_refit", &rx_refit_cuda);
   m.impl("rx_lookup", &rx_lookup_cuda);
+  m.impl("rx_lookup_rows", &rx_lookup_rows_cuda);
   m.impl("rx_lookup_csr", &rx_lookup_csr_cuda);
   m.impl("rx_lookup_csr_capped", &rx_lookup_csr_capped_cuda);
   m.impl("rx_aggregate", &rx_aggregate_cuda);

@@ -1,0 +1,76 @@
+// The build's sort on CUDA in bounded memory: the caller's keys, mapped to ordered keys where they are read,
+// sorted with their 32-bit positions by CUB's radix sort over two double buffers. Keys of the 32-bit key types
+// stay 32-bit. The buffers the sort ends in are kept, the other two freed at once, so a build holds at most
+// 2 x (key width + 4) bytes per key while sorting (at::sort's stable sort of int64 keys needs about 48).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cstdint>
+#include <limits>
+
+#include "cuda_utils.h"
+#include "key_dispatch.h"
+
+namespace rtindex {
+
+// keys: the sorted ordered keys, int32 storage of uint32 values (`narrow`) or int64 storage of uint64 values;
+// rows: each key's position in the caller's tensor, int32 storage of uint32 values; equal keys ascending.
+struct SortedPositions {
+  at::Tensor keys;
+  at::Tensor rows;
+  bool narrow;
+};
+
+inline bool narrow_key_type(KeyType t) { return t == KeyType::Int32 || t == KeyType::Float32; }
+
+template <typename T, typename K>
+__global__ void map_with_positions_kernel(const T* __restrict__ in, K* __restrict__ keys, uint32_t* __restrict__ rows,
+                                          int64_t n, bool as_unsigned) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    keys[i] = static_cast<K>(ordered_key(in[i], as_unsigned));
+    rows[i] = static_cast<uint32_t>(i);
+  }
+}
+
+template <typename K>
+SortedPositions sort_positions_as(const at::Tensor& in, int64_t key_type, bool narrow) {
+  const int64_t n = in.numel();
+  const at::TensorOptions kopts = in.options().dtype(narrow ? at::kInt : at::kLong);
+  const at::TensorOptions ropts = in.options().dtype(at::kInt);
+  at::Tensor keys[2] = {at::empty({n}, kopts), at::Tensor()};
+  at::Tensor rows[2] = {at::empty({n}, ropts), at::Tensor()};
+  auto* k0 = static_cast<K*>(keys[0].data_ptr());
+  auto* r0 = reinterpret_cast<uint32_t*>(rows[0].data_ptr<int32_t>());
+  if (n == 0) return {keys[0], rows[0], narrow};
+  dispatch_key_type(in, key_type, "keys", [&](auto tag, bool as_unsigned) {
+    using T = decltype(tag);
+    map_with_positions_kernel<T, K><<<grid_for(n), kBlock, 0, current_stream()>>>(static_cast<const T*>(in.data_ptr()),
+                                                                                 k0, r0, n, as_unsigned);
+  });
+  RTX_CHECK_LAUNCH();
+  keys[1] = at::empty({n}, kopts);
+  rows[1] = at::empty({n}, ropts);
+  cub::DoubleBuffer<K> dk(k0, static_cast<K*>(keys[1].data_ptr()));
+  cub::DoubleBuffer<uint32_t> dv(r0, reinterpret_cast<uint32_t*>(rows[1].data_ptr<int32_t>()));
+  size_t bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, dk, dv, n, 0, int(sizeof(K) * 8), current_stream()));
+  at::Tensor scratch = at::empty({static_cast<int64_t>(bytes)}, in.options().dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), bytes, dk, dv, n, 0, int(sizeof(K) * 8),
+                                                 current_stream()));
+  // The caching allocator hands the freed halves out again only after the sort on this stream has run.
+  return {keys[dk.selector], rows[dv.selector], narrow};
+}
+
+// `keys` in the caller's dtype, `key_type` as map_keys takes it (uint64 for keys that are ordered already).
+inline SortedPositions sort_positions_cuda(const at::Tensor& keys, int64_t key_type) {
+  TORCH_CHECK(keys.dim() == 1, "keys must be a 1-D tensor, got ", keys.dim(), " dimensions");
+  TORCH_CHECK(keys.numel() <= int64_t(std::numeric_limits<uint32_t>::max()),
+              "an index holds at most 2^32 - 1 keys, got ", keys.numel());
+  const at::Tensor in = keys.contiguous();
+  return narrow_key_type(key_type_from_int(key_type)) ? sort_positions_as<uint32_t>(in, key_type, true)
+                                                      : sort_positions_as<uint64_t>(in, key_type, false);
+}
+
+}  // namespace rtindex
