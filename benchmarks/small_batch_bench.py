@@ -65,6 +65,17 @@ def graph_us(fn, iters: int) -> float | None:
     return per_call_us(g.replay, torch.device("cuda"), iters)
 
 
+def compiled_us(fn, arg, dev: torch.device, iters: int, mode: str, *rest) -> float | None:
+    """per_call_us of torch.compile(fn, mode=mode); None (and why, printed) where it does not compile."""
+    torch._dynamo.reset()
+    cfn = torch.compile(fn, dynamic=False, mode=mode)
+    try:
+        return per_call_us(lambda: cfn(arg, *rest), dev, iters)
+    except Exception as e:  # noqa: BLE001  (a method that does not compile gets null, and why)
+        print(f"  torch.compile(mode={mode!r}) failed: {type(e).__name__}: {str(e)[:160]}")
+        return None
+
+
 def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> None:
     """Prints the per-call cost of the pieces an eager lookup is made of (host view, as per_call_us), then the
     Python functions an eager and a compiled lookup spend their time in (cProfile)."""
@@ -144,14 +155,17 @@ def embedding_steps(dev: torch.device, log_keys: int, log_queries: list[int], it
         labels = torch.rand(bags, generator=gen).to(dev)
         rows = rows_of(raw)
         entry = {"log_queries": lq}
+        forms = ["eager", "compiled"] + (["compiled_reduce_overhead"] if dev.type == "cuda" else [])
         for name, fn, arg in (("with_index", step_ids, raw), ("rows_given", step_rows, rows)):
-            torch._dynamo.reset()
-            compiled = torch.compile(fn)
             entry[f"{name}_eager_us"] = per_call_us(lambda: fn(arg, labels), dev, iters)
-            entry[f"{name}_compiled_us"] = per_call_us(lambda: compiled(arg, labels), dev, iters)
-        for form in ("eager", "compiled"):
-            entry[f"index_share_{form}_us"] = entry[f"with_index_{form}_us"] - entry[f"rows_given_{form}_us"]
-        print(f"2^{lq:<3} embedding step: " + ", ".join(f"{k} {v:.1f}" for k, v in entry.items() if k != "log_queries"),
+            entry[f"{name}_compiled_us"] = compiled_us(fn, arg, dev, iters, "default", labels)
+            if "compiled_reduce_overhead" in forms:
+                entry[f"{name}_compiled_reduce_overhead_us"] = compiled_us(fn, arg, dev, iters, "reduce-overhead", labels)
+        for form in forms:
+            a, b = entry[f"with_index_{form}_us"], entry[f"rows_given_{form}_us"]
+            entry[f"index_share_{form}_us"] = None if a is None or b is None else a - b
+        print(f"2^{lq:<3} embedding step: " + ", ".join(f"{k} {v}" if v is None else f"{k} {v:.1f}"
+                                                       for k, v in entry.items() if k != "log_queries"),
               flush=True)
         out.append(entry)
     return out
@@ -217,18 +231,15 @@ def main() -> int:
             eager = per_call_us(lambda: fn(q), dev, iters)
             compiled = None
             if not args.no_compile and name != "hash_table":
-                torch._dynamo.reset()
-                cfn = torch.compile(fn, dynamic=False)
-                try:
-                    compiled = per_call_us(lambda: cfn(q), dev, iters)
-                except Exception as e:  # noqa: BLE001  (a method that does not compile gets null, and why)
-                    print(f"  {name}: torch.compile failed: {type(e).__name__}: {str(e)[:120]}")
+                compiled = compiled_us(fn, q, dev, iters, "default")
             graph = graph_us(lambda: fn(q), iters) if cuda else None
+            # mode="reduce-overhead": torch.compile's own CUDA graphs, where the lookup is capturable
+            reduced = compiled_us(fn, q, dev, iters, "reduce-overhead") if cuda and not args.no_compile and graph else None
             entries.append({"method": name, "log_queries": lq, "eager_us": eager, "compiled_us": compiled,
-                            "graph_us": graph})
+                            "graph_us": graph, "compiled_reduce_overhead_us": reduced})
             fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-            print(f"2^{lq:<3} {name:>18} eager {fmt(eager):>9} us  compiled {fmt(compiled):>9} us  graph {fmt(graph):>9} us",
-                  flush=True)
+            print(f"2^{lq:<3} {name:>18} eager {fmt(eager):>9} us  compiled {fmt(compiled):>9} us  graph {fmt(graph):>9} us"
+                  f"  reduce-overhead {fmt(reduced):>9} us", flush=True)
     name = torch.cuda.get_device_name(dev) if cuda else "cpu"
     result = {"device": name, "torch": torch.__version__, "commit": git_commit(), "log_keys": args.log_keys,
               "argv": sys.argv[1:], "entries": entries}
