@@ -19,6 +19,8 @@ from . import _extension
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries
 from .results import Aggregate, CappedMatches, Lookup, Matches
 
+_as_lookup = tuple.__new__  # a named tuple from an operator's tuple, without the namedtuple's argument unpacking
+
 IndexT = TypeVar("IndexT", bound="IndexBase")
 
 VALUE_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64)
@@ -275,6 +277,10 @@ class IndexBase:
             t.record_stream(stream)
 
     # --------------------------------------------------------------------------------------------- lookups
+    # The direct point lookups (lookup, lookup_rows) leave the shape, device and contiguity checks to the operator,
+    # which makes them anyway, and run the explaining checks only when it refused: the common case pays for one
+    # check less per attribute. The dtype stays checked here, as the kernels also take int64 storage for a uint64
+    # index's queries, which the Python API refuses.
     def _plain_batch(self, t: Any) -> bool:
         """The common case every check passes without a word: a 1-D contiguous tensor of the key dtype, here."""
         return (type(t) is torch.Tensor and t.dtype == self.key_dtype and t.device == self.device and t.dim() == 1
@@ -361,8 +367,12 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
         direct = self._direct_lookup
-        if direct is not None and self._plain_batch(queries):
-            return Lookup(*direct(*self._lead, self._cfg, queries, None))  # the checks _call would pass
+        if direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype:
+            try:
+                return _as_lookup(Lookup, direct(*self._lead, self._cfg, queries, None))
+            except RuntimeError:
+                self._check_queries(queries, None)  # the explaining error, if the batch was what failed
+                raise
         return Lookup(*self._call("lookup", queries, None, "lookup"))
 
     def lookup_rows(self, queries: torch.Tensor, miss_row: int = -1) -> torch.Tensor:
@@ -374,8 +384,13 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
             miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
         """
-        if self._direct_lookup is not None and type(miss_row) is int and self._plain_batch(queries):
-            return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
+        if (self._direct_lookup is not None and type(miss_row) is int and type(queries) is torch.Tensor
+                and queries.dtype is self.key_dtype):
+            try:
+                return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
+            except RuntimeError:
+                self._check_queries(queries, None)
+                raise
         if isinstance(miss_row, bool) or not isinstance(miss_row, int):
             raise TypeError(f"miss_row must be an int, got {type(miss_row).__name__}")
         return self._call("lookup_rows", queries, None, "lookup_rows", miss_row=miss_row)
