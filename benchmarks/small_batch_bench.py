@@ -94,9 +94,12 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
             "torch.empty (one result)": lambda: torch.empty(q.numel(), dtype=torch.int64, device=dev),
             "one tiny kernel (zero_)": lambda: scratch.zero_(),
             "torch.searchsorted (one side)": lambda: torch.searchsorted(sorted_keys, q),
+            "torch.searchsorted (left + right)": lambda: (torch.searchsorted(sorted_keys, q),
+                                                          torch.searchsorted(sorted_keys, q, right=True)),
             "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(sorted_keys, q),
             "the lookup operator alone": lambda: op(*ix._lead, ix._cfg, q, None),
             "CgRXIndex.lookup": lambda: ix.lookup(q),
+            "CgRXIndex.lookup_rows": lambda: ix.lookup_rows(q),
         }
         if cuda:
             stream = torch.cuda.current_stream(dev)

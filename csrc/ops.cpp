@@ -18,6 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "cgrx/cgrx_args.h"
+#include "rx/rx_args.h"
+
 #if RTINDEX_WITH_CUDA
 #include "optix/optix_runtime.h"
 #endif
@@ -57,8 +60,8 @@ std::string config_schema() {
          "backend:radix=0,optix=1,binary_search=2;"
          "bucket_search:binary=0,linear=1;"
          "representation:naive=0,optimized=1;"
-         "cgrx_config:key_type,layout,bucket_size,bucket_search,backend,scene*5;"
-         "rx_config:key_type,unique_keys,max_range_rays,scene*5";
+         "cgrx_config:" + rtindex::config_fields_schema(rtindex::cgrx::kCgrxConfigFields) + ";"
+         "rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields);
 }
 
 }  // namespace
@@ -77,9 +80,9 @@ TORCH_LIBRARY(rtindex, m) {
   // 128-byte header; on the CPU the keys sorted with their row IDs ([2, n] int64).
   m.def("rx_build(Tensor keys, int[] scene, bool allow_update) -> Tensor");
   m.def("rx_refit(Tensor(a!) structure, Tensor keys, int[] scene) -> ()");
-  // Lookups: `config` is [key_type, unique_keys, max_range_rays, scene x5] (rx/rx_args.h); the queries come in
+  // Lookups: `config` is the index's packed configuration (rx/rx_args.h, core/config.h); the queries come in
   // the key dtype (or as ordered keys with key_type uint64) and are mapped where the kernels read them.
-#define RTINDEX_RX_INDEX "Tensor structure, Tensor keys, int[] config, Tensor lo, Tensor? hi"
+#define RTINDEX_RX_INDEX "Tensor structure, Tensor keys, int config, Tensor lo, Tensor? hi"
   m.def(torch::schema("rx_lookup(" RTINDEX_RX_INDEX ") -> (Tensor first_row, Tensor count)"), kOptixTags);
   m.def(torch::schema("rx_lookup_rows(" RTINDEX_RX_INDEX ", int miss_row) -> Tensor first_row"), kOptixTags);
   m.def(torch::schema("rx_lookup_csr(" RTINDEX_RX_INDEX ") -> (Tensor offsets, Tensor rows)"), kOptixTags);
@@ -102,12 +105,12 @@ TORCH_LIBRARY(rtindex, m) {
   m.def(
       "cgrx_build_scene(Tensor reps, int num_reps, int[] scene, int representation=0, Tensor? pairs=None, "
       "int bucket_size=1, int layout=0) -> Tensor");
-  // Lookups: `config` is the index's typed configuration [key_type, layout, bucket_size, bucket_search, backend,
-  // scene x5] (cgrx_args.h, torch_rtindex/_config.py); the queries come in the key dtype (or as ordered keys
+  // Lookups: `config` is the index's packed typed configuration (cgrx_args.h, core/config.h,
+  // torch_rtindex/_config.py); the queries come in the key dtype (or as ordered keys
   // with key_type uint64) and are mapped inside the kernels.
   // The cgrx_optix_* operators are the same kernels for indexes whose backend traces rays: a separate name, so
   // that they alone carry the cudagraph_unsafe tag.
-#define RTINDEX_CGRX_INDEX "Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, int[] config, Tensor lo, Tensor? hi"
+#define RTINDEX_CGRX_INDEX "Tensor pairs, Tensor reps, Tensor table, Tensor scene_structure, int config, Tensor lo, Tensor? hi"
 #define RTINDEX_CGRX_LOOKUPS(prefix, tags)                                                                        \
   m.def(torch::schema(prefix "_lookup(" RTINDEX_CGRX_INDEX ") -> (Tensor first_row, Tensor count)"), tags);     \
   m.def(torch::schema(prefix "_lookup_rows(" RTINDEX_CGRX_INDEX ", int miss_row) -> Tensor first_row"), tags);  \

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from torch_rtindex import RXIndex, SceneConfig
+from torch_rtindex._config import rx_config
 
 
 def test_bad_keys(device):
@@ -71,13 +72,19 @@ def test_operators_check_their_arguments(device):
     s = ops.rx_build(keys, [23, 23, 18, 0, 0], False)
     with pytest.raises(RuntimeError, match="scene"):
         ops.rx_build(keys, [23, 23], False)
-    config = [0, 1, 16, 23, 23, 18, 0, 0]  # key_type int64, unique keys, max_range_rays, scene
+    config = rx_config("int64", True, 16, [23, 23, 18, 0, 0])
     with pytest.raises(RuntimeError, match="int64"):
         ops.rx_lookup(s, keys, config, keys.int(), None)
     with pytest.raises(RuntimeError, match="config"):
-        ops.rx_lookup(s, keys, config[:4], keys, None)
+        ops.rx_lookup(s, keys, -1, keys, None)
+    with pytest.raises(RuntimeError, match="past its last field"):
+        ops.rx_lookup(s, keys, config | 1 << 62, keys, None)
     with pytest.raises(RuntimeError, match="key_type"):
-        ops.rx_lookup(s, keys, [9, *config[1:]], keys, None)
+        ops.rx_lookup(s, keys, config | 7, keys, None)  # key type 7 does not exist
+    with pytest.raises(RuntimeError, match="scene"):
+        ops.rx_lookup(s, keys, config & ~(31 << 4), keys, None)  # scene bits_x 0
+    with pytest.raises(ValueError, match="fit"):
+        rx_config("int64", True, 2**31, [23, 23, 18, 0, 0])
     with pytest.raises(RuntimeError, match="same length"):
         ops.rx_lookup(s, keys, config, keys, keys[:2])
     with pytest.raises(RuntimeError, match="key_type|dtype"):

@@ -43,6 +43,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_rtindex import UpdatableCgRXIndex
+from torch_rtindex._config import Backend, Layout, cgrx_config, rx_config
 from torch_rtindex._keys import KEY_TYPES
 from torch_rtindex.results import Lookup, Matches
 
@@ -113,7 +114,7 @@ def lookup_args(device, data, is_range: bool):
     structure = ops.rx_build(k, SCENE, False)
     # The queries in their own dtype (int64, key_type 0): the operators map them in their kernels.
     qlo, qhi = (lo.to(device), hi.to(device)) if is_range else (queries.to(device), None)
-    return (structure, k, [0, 0, 64, *SCENE], qlo, qhi)
+    return (structure, k, rx_config("int64", False, 64, SCENE), qlo, qhi)
 
 
 def on_cpu(args):
@@ -219,7 +220,7 @@ def test_rx_refit(device, data):
     # After the refit the structure answers for the moved keys.
     q = ordered(data[1] + 7).to(device)  # ordered keys: key_type uint64 reads them as they are
     first, count, _ = Reference(data[0] + 7, "int64").points(data[1] + 7)
-    check_lookup(Lookup(*ops.rx_lookup(structure, moved, [2, 0, 64, *SCENE], q, None)), first, count)
+    check_lookup(Lookup(*ops.rx_lookup(structure, moved, rx_config("uint64", False, 64, SCENE), q, None)), first, count)
 
 
 def test_scene_operators(data):
@@ -266,7 +267,8 @@ def cgrx_structure(device, keys, backend: int, layout: int = 0):
 def cgrx_lookup_args(device, data, backend: int, is_range: bool, layout: int = 0):
     keys, queries, lo, hi, _ = data
     qlo, qhi = (lo.to(device), hi.to(device)) if is_range else (queries.to(device), None)
-    config = [0, layout, BUCKET, 0, backend, *CGRX_SCENE]  # key_type int64: the kernels map the queries
+    # key_type int64: the kernels map the queries
+    config = cgrx_config("int64", Layout(layout).name, BUCKET, "binary", Backend(backend).name, CGRX_SCENE)
     return (*cgrx_structure(device, keys, backend, layout), config, qlo, qhi)
 
 

@@ -135,8 +135,8 @@ class IndexBase:
         """The operator arguments before ``config, lo, hi``: the index structure the lookups read."""
         raise NotImplementedError
 
-    def _config(self, key_type: str) -> list[int]:
-        """The operators' ``int[] config`` for queries of ``key_type`` (the index's own, or "uint64" for
+    def _config(self, key_type: str) -> int:
+        """The operators' packed ``int config`` for queries of ``key_type`` (the index's own, or "uint64" for
         batches of ordered keys)."""
         raise NotImplementedError
 
@@ -277,10 +277,10 @@ class IndexBase:
             t.record_stream(stream)
 
     # --------------------------------------------------------------------------------------------- lookups
-    # The direct point lookups (lookup, lookup_rows) leave the shape, device and contiguity checks to the operator,
-    # which makes them anyway, and run the explaining checks only when it refused: the common case pays for one
-    # check less per attribute. The dtype stays checked here, as the kernels also take int64 storage for a uint64
-    # index's queries, which the Python API refuses.
+    # The direct point lookups (lookup, lookup_rows) leave the shape and contiguity checks to the operator, which
+    # makes them anyway, and run the explaining checks only when it refused. The dtype and device stay checked
+    # here: the kernels also take int64 storage for a uint64 index's queries, which the Python API refuses, and
+    # queries on another device would reach that device's kernel (a meta batch, the meta kernel) instead.
     def _plain_batch(self, t: Any) -> bool:
         """The common case every check passes without a word: a 1-D contiguous tensor of the key dtype, here."""
         return (type(t) is torch.Tensor and t.dtype == self.key_dtype and t.device == self.device and t.dim() == 1
@@ -367,7 +367,8 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
         direct = self._direct_lookup
-        if direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype:
+        if (direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype
+                and queries.device == self.device):
             try:
                 return _as_lookup(Lookup, direct(*self._lead, self._cfg, queries, None))
             except RuntimeError:
@@ -385,7 +386,7 @@ class IndexBase:
             miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
         """
         if (self._direct_lookup is not None and type(miss_row) is int and type(queries) is torch.Tensor
-                and queries.dtype is self.key_dtype):
+                and queries.dtype is self.key_dtype and queries.device == self.device):
             try:
                 return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
             except RuntimeError:

@@ -1,5 +1,5 @@
 """The typed configuration every index hands its lookup operators: Python mirrors of the C++ enums and of the
-``int[] config`` layouts (csrc/ops.cpp ``config_schema``, csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h), checked
+packed ``int config`` layouts (csrc/ops.cpp ``config_schema``, csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h), checked
 against the C++ side when the package is imported, so an integer never silently changes its meaning."""
 
 from __future__ import annotations
@@ -40,28 +40,57 @@ class Representation(IntEnum):
     optimized = 1
 
 
-CGRX_CONFIG_FIELDS = ("key_type", "layout", "bucket_size", "bucket_search", "backend", "scene*5")
-RX_CONFIG_FIELDS = ("key_type", "unique_keys", "max_range_rays", "scene*5")
+# Each configuration's fields and bit widths, packed from the lowest bit up into the lookup operators' one
+# ``int config`` argument (csrc/core/config.h: a scalar, not an ``int[]``, because a list costs every lookup
+# call a conversion). The scene's bits_z is implied: the three axes' bits add up to 64.
+SCENE_FIELDS = (("scene_bits_x", 5), ("scene_bits_y", 5), ("scene_scale_y_log2", 6), ("scene_scale_z_log2", 6))
+CGRX_CONFIG_FIELDS = (("key_type", 3), ("layout", 2), ("bucket_search", 1), ("backend", 2), *SCENE_FIELDS,
+                      ("bucket_size", 31))
+RX_CONFIG_FIELDS = (("key_type", 3), ("unique_keys", 1), *SCENE_FIELDS, ("max_range_rays", 31))
+
+
+def pack(fields: tuple[tuple[str, int], ...], **values: int) -> int:
+    """``values`` (one per field) packed by ``fields``; a value that does not fit its field raises."""
+    packed, at = 0, 0
+    for name, bits in fields:
+        v = int(values.pop(name))
+        if not 0 <= v < 1 << bits:
+            raise ValueError(f"configuration field {name}={v} does not fit its {bits} bits")
+        packed |= v << at
+        at += bits
+    if values:
+        raise TypeError(f"unknown configuration fields {sorted(values)}")
+    return packed
+
+
+def _scene_fields(scene: list[int]) -> dict[str, int]:
+    bits_x, bits_y, bits_z, scale_y_log2, scale_z_log2 = scene
+    if bits_x + bits_y + bits_z != 64:
+        raise ValueError(f"a scene's axis bits must add up to 64, got {scene[:3]}")
+    return {"scene_bits_x": bits_x, "scene_bits_y": bits_y, "scene_scale_y_log2": scale_y_log2,
+            "scene_scale_z_log2": scale_z_log2}
 
 
 def cgrx_config(key_type: str, layout: str, bucket_size: int, bucket_search: str, backend: str,
-                scene: list[int]) -> list[int]:
-    """The ``int[] config`` of the cgRX lookup operators, in CGRX_CONFIG_FIELDS order."""
-    # Plain ints: what the operator takes (and what torch.compile guards on by value).
-    return [int(KeyType[key_type]), int(Layout[layout]), bucket_size, int(BucketSearch[bucket_search]),
-            int(Backend[backend]), *scene]
+                scene: list[int]) -> int:
+    """The packed ``int config`` of the cgRX lookup operators (CGRX_CONFIG_FIELDS)."""
+    # A plain int: what the operator takes (and what torch.compile guards on by value).
+    return pack(CGRX_CONFIG_FIELDS, key_type=KeyType[key_type], layout=Layout[layout], bucket_size=bucket_size,
+                bucket_search=BucketSearch[bucket_search], backend=Backend[backend], **_scene_fields(scene))
 
 
-def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list[int]) -> list[int]:
-    """The ``int[] config`` of the RX lookup operators, in RX_CONFIG_FIELDS order."""
-    return [int(KeyType[key_type]), int(unique_keys), max_range_rays, *scene]
+def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list[int]) -> int:
+    """The packed ``int config`` of the RX lookup operators (RX_CONFIG_FIELDS)."""
+    return pack(RX_CONFIG_FIELDS, key_type=KeyType[key_type], unique_keys=unique_keys, max_range_rays=max_range_rays,
+                **_scene_fields(scene))
 
 
 def _schema() -> str:
     enums = [("key_type", KeyType), ("layout", Layout), ("backend", Backend), ("bucket_search", BucketSearch),
              ("representation", Representation)]
     parts = [f"{name}:" + ",".join(f"{m.name}={m.value}" for m in enum) for name, enum in enums]
-    parts += ["cgrx_config:" + ",".join(CGRX_CONFIG_FIELDS), "rx_config:" + ",".join(RX_CONFIG_FIELDS)]
+    parts += [f"{name}:" + ",".join(f"{f}:{bits}" for f, bits in fields)
+              for name, fields in (("cgrx_config", CGRX_CONFIG_FIELDS), ("rx_config", RX_CONFIG_FIELDS))]
     return ";".join(parts)
 
 

@@ -196,7 +196,7 @@ class CgRXIndex(CgRXSearch):
         self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _config(self, key_type: str) -> list[int]:
+    def _config(self, key_type: str) -> int:
         return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list())
 
     # ---------------------------------------------------------------------------------- state and devices

@@ -150,7 +150,7 @@ class UpdatableCgRXIndex(CgRXSearch):
         k, r = _ops().cgrx_nodes_export(self._pairs, self.node_size, self.num_buckets)
         return k, r.to(torch.int64) & 0xFFFFFFFF
 
-    def _config(self, key_type: str) -> list[int]:
+    def _config(self, key_type: str) -> int:
         # The node region is the storage, its node size the unit the kernels walk; the bucket search is binary.
         return cgrx_config(key_type, "nodes", self.node_size, "binary", self.backend, self.scene.as_list())
 

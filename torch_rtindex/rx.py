@@ -113,7 +113,7 @@ class RXIndex(IndexBase):
     def _index_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._structure, self._keys)
 
-    def _config(self, key_type: str) -> list[int]:
+    def _config(self, key_type: str) -> int:
         return rx_config(key_type, self.unique_keys, self.max_range_rays, self.scene.as_list())
 
     def _traces_rays(self) -> bool:

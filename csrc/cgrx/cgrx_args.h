@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "../core/checks.h"
+#include "../core/config.h"
 #include "../core/key_dispatch.h"
 #include "cgrx_answer.h"
 #include "cgrx_core.h"
@@ -76,9 +77,8 @@ struct IndexArgs {
   SceneConfig scene;
 };
 
-// The index's typed configuration, one `int[] config` argument of every lookup operator, parsed once per call.
-// Its field order and the enums' values are mirrored by torch_rtindex/_config.py, which checks them against
-// config_schema() at import.
+// The index's typed configuration, one `int config` argument of every lookup operator (core/config.h), unpacked
+// once per call. torch_rtindex/_config.py packs it by the table below, which it checks against config_schema().
 struct CgrxConfig {
   KeyType key_type;   // of the queries (the index's keys are ordered keys already)
   int64_t layout;     // Layout
@@ -87,13 +87,17 @@ struct CgrxConfig {
   int64_t backend;    // Backend
   SceneConfig scene;
 };
-constexpr int64_t kCgrxConfigLength = 5 + kSceneConfigLength;
+enum CgrxField : size_t { kCgrxKeyType, kCgrxLayout, kCgrxBucketSearch, kCgrxBackend, kCgrxScene,
+                          kCgrxBucketSize = kCgrxScene + kSceneFieldCount };
+constexpr ConfigField kCgrxConfigFields[] = {
+    {"key_type", 3}, {"layout", 2}, {"bucket_search", 1}, {"backend", 2}, kSceneFields[0], kSceneFields[1],
+    kSceneFields[2], kSceneFields[3], {"bucket_size", 31}};
+static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxBucketSize + 1, "field table and enum differ");
 
-inline CgrxConfig cgrx_config(at::IntArrayRef c) {
-  TORCH_CHECK(static_cast<int64_t>(c.size()) == kCgrxConfigLength, "a cgRX config has ", kCgrxConfigLength,
-              " entries [key_type, layout, bucket_size, bucket_search, backend, scene x5], got ", c.size());
-  TORCH_CHECK(c[3] == 0 || c[3] == 1, "bucket_search must be 0 (binary) or 1 (linear), got ", c[3]);
-  return CgrxConfig{key_type_from_int(c[0]), c[1], c[2], c[3] == 1, c[4], scene_from_list(c.slice(5))};
+inline CgrxConfig cgrx_config(int64_t packed) {
+  const auto f = unpack_config(packed, kCgrxConfigFields, "a cgRX config");
+  return CgrxConfig{key_type_from_int(f[kCgrxKeyType]), f[kCgrxLayout], f[kCgrxBucketSize],
+                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene])};
 }
 
 inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,

@@ -95,7 +95,7 @@ auto matches_of(const IndexArgs& a, const QueryKeys& qs) {
 
 #define CGRX_LOOKUP_ARGS                                                                                       \
   const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor & /*scene_structure*/, \
-      at::IntArrayRef config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
+      int64_t config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
 // The checked index and queries of one lookup call.
 #define CGRX_PREPARE                                                                  \
   const CgrxConfig cfg = cgrx_config(config);                                         \

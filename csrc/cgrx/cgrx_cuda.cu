@@ -142,7 +142,7 @@ struct Launch {
   int device;
 
   Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table, const at::Tensor& scene_structure_,
-         at::IntArrayRef config, const at::Tensor& lo, const c10::optional<at::Tensor>& hi)
+         int64_t config, const at::Tensor& lo, const c10::optional<at::Tensor>& hi)
       : scene_structure(scene_structure_) {
     const CgrxConfig cfg = cgrx_config(config);
     const IndexArgs a = index_args(pairs, reps, table, cfg);
@@ -191,7 +191,7 @@ struct Launch {
 
 #define CGRX_LOOKUP_ARGS                                                                                  \
   const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor &scene_structure, \
-      at::IntArrayRef config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
+      int64_t config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
 #define CGRX_FORWARD pairs, reps, table, scene_structure, config, lo, hi
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_cuda(CGRX_LOOKUP_ARGS) {

@@ -82,7 +82,7 @@ struct LookupArgs {
   RxConfig cfg;
 };
 
-LookupArgs lookup_args(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config,
+LookupArgs lookup_args(const at::Tensor& structure, const at::Tensor& keys, int64_t config,
                        const at::Tensor& lo, const c10::optional<at::Tensor>& hi) {
   check_ordered_keys(keys, "keys");
   const RxConfig cfg = rx_config(config);
@@ -95,7 +95,7 @@ auto matches_of(const LookupArgs& a) {
 }
 
 #define RX_LOOKUP_ARGS \
-  const at::Tensor &structure, const at::Tensor &keys, at::IntArrayRef config, const at::Tensor &lo, \
+  const at::Tensor &structure, const at::Tensor &keys, int64_t config, const at::Tensor &lo, \
       const c10::optional<at::Tensor> &hi
 
 std::tuple<at::Tensor, at::Tensor> rx_lookup_cpu(RX_LOOKUP_ARGS) {

@@ -102,7 +102,7 @@ struct Launch {
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, const at::Tensor& keys, int64_t config, const at::Tensor& lo,
     const c10::optional<at::Tensor>& hi) {
   const c10::cuda::CUDAGuard guard(keys.device());
   const RxConfig cfg = rx_config(config);
@@ -110,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_cuda(const at::Tensor& structure, c
   return cuda_results::first_and_count(l, l.q, keys.options(), l.p.num_keys == 0);
 }
 
-at::Tensor rx_lookup_rows_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config,
+at::Tensor rx_lookup_rows_cuda(const at::Tensor& structure, const at::Tensor& keys, int64_t config,
                               const at::Tensor& lo, const c10::optional<at::Tensor>& hi, int64_t miss_row) {
   const c10::cuda::CUDAGuard guard(keys.device());
   const RxConfig cfg = rx_config(config);
@@ -118,7 +118,7 @@ at::Tensor rx_lookup_rows_cuda(const at::Tensor& structure, const at::Tensor& ke
   return cuda_results::first_rows(l, l.q, keys.options(), l.p.num_keys == 0, miss_row);
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structure, const at::Tensor& keys, int64_t config, const at::Tensor& lo,
     const c10::optional<at::Tensor>& hi) {
   const c10::cuda::CUDAGuard guard(keys.device());
   const RxConfig cfg = rx_config(config);
@@ -137,7 +137,7 @@ std::tuple<at::Tensor, at::Tensor> rx_lookup_csr_cuda(const at::Tensor& structur
 // The fixed-capacity form, without a host sync: the composite sort runs over the whole buffer, the entries
 // past the matches (or past the buffer) keyed by a sentinel that sorts last. A query cut off by the capacity
 // keeps the rows its rays met first, in ascending order.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const at::Tensor& structure, const at::Tensor& keys, int64_t config, const at::Tensor& lo,
     const c10::optional<at::Tensor>& hi, int64_t capacity) {
   const c10::cuda::CUDAGuard guard(keys.device());
   const RxConfig cfg = rx_config(config);
@@ -154,7 +154,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> rx_lookup_csr_capped_cuda(const a
   return {offsets, rows, total};
 }
 
-std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure, const at::Tensor& keys, at::IntArrayRef config, const at::Tensor& lo,
+std::tuple<at::Tensor, at::Tensor> rx_aggregate_cuda(const at::Tensor& structure, const at::Tensor& keys, int64_t config, const at::Tensor& lo,
     const c10::optional<at::Tensor>& hi,
                                                      const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(keys.device());
