@@ -2,7 +2,8 @@
 on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
 
 The keys are cut into key-range **chunks**; each chunk is a cgRX structure (``CgRXIndex`` over the chunk's keys,
-in global row order, so its local row order is the global one) plus a ``local -> global row`` map. Every chunk
+in global row order, so its local row order is the global one) plus a ``local -> global row`` map, or with
+``updatable=True`` the node chains of ``UpdatableCgRXIndex`` (see **Updates**). Every chunk
 lives in host memory (pinned where CUDA is available) as one contiguous blob; a **cache** on the fast device
 (``device``, the GPU) holds whole chunks, none twice, within a byte budget (``gpu_budget``).
 
@@ -44,17 +45,26 @@ are candidates), the tier rebuilt (its keys' rows fetched through the chunks, on
 would answer clearly more of a batch than the tier did; or given with :meth:`ChunkedIndex.warm`. Its memory
 (``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
 
-**Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
-insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
-the chunk size is split, an emptied chunk is dropped, and the new chunks replace the old ones all at once only
-after every one of them was built: on any error the index is unchanged. Semantics are
-:meth:`UpdatableCgRXIndex.update`'s. (Not the node-based updatable cgRX per chunk: see the README.)
+**Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
+:meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
+insertions minus its deletions (cost: the touched chunks' sizes, not the batch's). With ``updatable=True`` each
+chunk holds :class:`UpdatableCgRXIndex`'s node chains (row IDs stored as offsets from the chunk's smallest, so
+global row order is chain order), and a chunk's share is planned and then applied in place, so that a batch
+costs about its own size: a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
+instead when its share needs more nodes than its slack (``growth``), when it would outgrow twice the chunk size,
+or when its rows span 2^32 or more (a row map, in global row order, that insertions cannot extend). Either
+way a chunk that outgrew twice the chunk size is split and an emptied one dropped. All-or-nothing: every touched
+chunk is planned (and rebuilt ones built) before anything changes; the in-place applies save the chains they
+touch first and restore them on any error; chunks are swapped and cached copies of changed chunks evicted only
+after every chunk succeeded.
 
 **Files** (:meth:`ChunkedIndex.save`, :meth:`ChunkedIndex.open`): a directory with one file per chunk and a
 manifest (sizes and CRC-32 of every chunk file) per generation, and ``CURRENT`` naming the live manifest. A save
 writes a new generation and then replaces ``CURRENT`` atomically, so a reader sees the old or the new state;
 the previous generation is kept for readers that opened it. Opening loads no chunk: each is read (and checked)
-on first use. A corrupt or truncated chunk file raises an error naming the file.
+on first use. A corrupt or truncated chunk file raises an error naming the file; a chunk file's header names its
+kind (sorted pairs or node chains), and the manifest of an updatable index is version 2 (version 1, which older
+code also reads, is written by the others).
 
 Without CUDA, or with ``device="cpu"``, the same code serves everything on the CPU; a positive ``gpu_budget``
 then makes the "cache" a second CPU copy, so the cache and the scheduler run as they do on a GPU (the tests).
