@@ -88,7 +88,8 @@ from ._base import VALUE_DTYPES, _ops, resolve_device
 from ._grouping import group_by
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from .cgrx import LAYOUTS, CgRXIndex, CgRXSearch
-from .cgrx_updatable import UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_pairs, plan_insertions, sort_pairs
+from .cgrx_updatable import (UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_pairs, plan_insertions,
+                              ranks_within, sort_pairs)
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 
 TOP = -(2**63)  # XOR with this maps unsigned order (ordered keys) onto signed order (torch's sorts and searches)
@@ -1498,9 +1499,11 @@ class ChunkedIndex:
         next free row IDs, returned as ``rows``; row IDs are int64 >= 0).
 
         The batch is routed to the chunks it touches. Read-only chunks are rebuilt; node chunks
-        (``updatable=True``) take their share in place, unless it needs more nodes than the chunk's slack or
-        would make it larger than twice ``chunk_bytes``: then that chunk is rebuilt (and split). All-or-nothing
-        across chunks: on any error (bad input, out of memory) the index is unchanged.
+        (``updatable=True``) take their share in place, unless it needs more nodes than the chunk's slack, would
+        make it larger than twice ``chunk_bytes``, or holds row IDs 2^32 or more away from the chunk's smallest:
+        then that chunk is rebuilt (and split if it outgrew its size). All-or-nothing across chunks: on any error
+        (bad input, out of memory) the index is unchanged. :meth:`stats` counts ``chunks_updated_in_place`` and
+        ``chunks_rebuilt``.
         """
         ik, ir = self._side(insert_keys, insert_rows, "insert")
         dk, dr = self._side(delete_keys, delete_rows, "delete")
@@ -1805,9 +1808,11 @@ class ChunkedIndex:
         """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
         one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
         GPU's queues, evictions, bytes copied into the cache (and by the one-time calibration) and read from
-        disk, hot-tier hits and rebuilds, the rates and the plan (queries per processor) of the last chunk batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
-        timed on the copy stream, merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot
-        tier's current contents, and ``last_batch``: the same counters and seconds for the last call alone."""
+        disk, hot-tier hits and rebuilds, chunks updated in place (``chunks_updated_in_place``) and rebuilt
+        (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
+        seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as timed on the copy stream,
+        merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot tier's current
+        contents, and ``last_batch``: the same counters and seconds for the last call alone."""
         s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
@@ -1968,15 +1973,6 @@ def _combine_csr(q: int, parts: list, D: torch.device) -> tuple[torch.Tensor, to
     return offsets, out
 
 
-def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
-    """For each element, how many earlier elements share its group id."""
-    order = torch.argsort(groups, stable=True)
-    sg = groups[order]
-    ranks = torch.empty_like(groups)
-    ranks[order] = torch.arange(groups.numel()) - torch.searchsorted(sg, sg)
-    return ranks
-
-
 def _remove_pairs(keys, rows, del_k, del_r) -> tuple[torch.Tensor, int, int]:
     """Multiset deletion of (key, row) pairs: which of (keys, rows) go, how many, and how many deletions found
     nothing (each deletion removes one copy)."""
@@ -1991,7 +1987,7 @@ def _remove_pairs(keys, rows, del_k, del_r) -> tuple[torch.Tensor, int, int]:
     G = int(groups.max()) + 1
     present, wanted = torch.bincount(gp, minlength=G), torch.bincount(gd, minlength=G)
     matched = torch.minimum(present, wanted)
-    gone[cand[_ranks_within(gp) < matched[gp]]] = True
+    gone[cand[ranks_within(gp) < matched[gp]]] = True
     return gone, int(matched.sum()), int((wanted - matched).sum())
 
 
