@@ -33,8 +33,9 @@ def chunked(keys, device, **kw):
     return ChunkedIndex(keys, device=device, **kw)
 
 
-def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**40)):
-    """Every lookup form of ``index`` against the reference and against CgRXIndex over the same keys."""
+def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**40), values_n=None):
+    """Every lookup form of ``index`` against the reference and against CgRXIndex over the same keys
+    (``values_n``: values per row ID handed out, where updates handed out more than ``keys`` has)."""
     ref = Reference(keys, key_type)
     cg = CgRXIndex(keys, key_type=key_type if key_type == "uint64" else None)
     q = point_queries(keys, n_q, gen)
@@ -42,7 +43,7 @@ def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**4
     check_lookup(index.lookup(q.to(device)), first, count)
     check_matches(index.lookup_all(q.to(device)), rows)
     assert torch.equal(index.lookup_all(q.to(device)).rows.cpu(), cg.lookup_all(q).rows)
-    values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
+    values = torch.arange(values_n or keys.numel(), dtype=torch.int64) * 7 - 3
     agg = index.aggregate(q.to(device), values.to(device))
     np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
     np.testing.assert_array_equal(agg.sum.cpu().numpy(), ref.sums(rows, values))
@@ -861,7 +862,7 @@ def test_updatable_random_sequences_match_the_multiset_and_the_rebuilding_index(
     ref = Multiset(keys, range(len(keys)))
     next_row = len(keys)
     chunks_seen = set()
-    for step in range(40):
+    for step in range(24):
         ins, ins_rows, rows_now, dk, dr = _batch(rng, pool, ref, next_row)
         exp = ref.apply(ins, rows_now, dk, dr)
         res = _update(index, ins, ins_rows, dk, dr, device)
@@ -1082,3 +1083,38 @@ def test_updatable_argument_checks(gen):
     with pytest.raises(ValueError, match="growth must be in"):
         chunked(keys, "cpu", updatable=True, growth=0.5)
     assert {c["kind"] for c in chunked(keys, "cpu").chunk_info()} == {"pairs"}
+
+
+@pytest.mark.parametrize("key_type,kind", [("int64", "duplicates"), ("int64", "clustered"), ("int32", None),
+                                           ("float64", None), ("uint64", None)])
+def test_updatable_every_form_and_key_type(device, gen, key_type, kind):
+    keys = int64_keys(kind, 2000, gen) if kind else keys_of_type(key_type, 2000, gen)
+    kt = key_type if key_type == "uint64" else None
+    index = chunked(keys.to(device), device, key_type=kt, updatable=True, growth=2.0,
+                    gpu_budget=DUP_BUDGET * 2 if kind == "duplicates" else 4 * SMALL)
+    assert index.num_chunks > 5 and {c["kind"] for c in index.chunk_info()} == {"nodes"}
+    check_all_forms(index, keys, key_type, gen, device, n_q=300)
+    # an update in place and its undo by the inverse batch: the same answers again
+    ins = keys[::97].contiguous()
+    res = index.update(insert_keys=ins.to(device))
+    assert index.stats()["chunks_updated_in_place"] > 0
+    index.delete(ins.to(device), rows=res.rows)
+    if kind != "duplicates":  # there a chunk of one run of 1000 keys plus others grows past twice its size
+        assert index.stats()["chunks_rebuilt"] == 0
+    check_all_forms(index, keys, key_type, gen, device, n_q=300, values_n=index._next_row)
+
+
+def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them():
+    index = chunked(torch.arange(2000), "cpu", updatable=True, gpu_budget=1 << 20, growth=4.0)
+    twin = chunked(torch.arange(2000), "cpu", gpu_budget=1 << 20)
+    T = index._chunk_keys()
+    for ix in (index, twin):
+        ix.insert(torch.full((3 * T,), 0))  # the first chunk grows past 2T: rebuilt, its run of 0s cut out
+    assert index.stats()["chunks_rebuilt"] == 1
+    run = next(c for c in index._chunks if c.n > 2 * T)
+    assert run.kmin == run.kmax  # a chunk of 0s alone
+    for ix in (index, twin):
+        ix.insert(torch.full((5,), 0))  # a run of one key: no rebuild could cut it, so in place
+        ix.delete(torch.full((3,), 0), rows=torch.tensor([2000, 2001, 0]))  # shrinking: in place
+    assert index.stats()["chunks_rebuilt"] == 1 and index.stats()["chunks_updated_in_place"] == 2
+    same_answers(index, twin, [0, 1, -1, 7, 1999, 2000], "cpu")

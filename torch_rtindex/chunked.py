@@ -51,8 +51,8 @@ insertions minus its deletions (cost: the touched chunks' sizes, not the batch's
 chunk holds :class:`UpdatableCgRXIndex`'s node chains (row IDs stored as offsets from the chunk's smallest, so
 global row order is chain order), and a chunk's share is planned and then applied in place, so that a batch
 costs about its own size: a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
-instead when its share needs more nodes than its slack (``growth``), when it would outgrow twice the chunk size,
-or when its rows span 2^32 or more (a row map, in global row order, that insertions cannot extend). Either
+instead when its share needs more nodes than its slack (``growth``), when it grows past twice the chunk size
+(unless it holds one key's run, which no cut can split), or when its rows span 2^32 or more (a row map, in global row order, that insertions cannot extend). Either
 way a chunk that outgrew twice the chunk size is split and an emptied one dropped. All-or-nothing: every touched
 chunk is planned (and rebuilt ones built) before anything changes; the in-place applies save the chains they
 touch first and restore them on any error; chunks are swapped and cached copies of changed chunks evicted only
@@ -1623,8 +1623,13 @@ class ChunkedIndex:
             extra, removed, found = torch.stack(planned).tolist()
             if chunk.used + extra > nodes.numel() // (3 * N + 2):
                 return None  # its slack is spent: rebuilt, with fresh slack
-            if chunk.n + ik.numel() - removed > 2 * T:
-                return None  # it outgrew its size: rebuilt and split
+            n_after = chunk.n + ik.numel() - removed
+            # Growing past twice the chunk size: rebuilt and split. A chunk that already was that large and
+            # does not grow stays (a rebuild would not make it smaller), as does a run of one key (no cut
+            # falls inside it).
+            one_key = chunk.kmin == chunk.kmax == int(ik[0]) == int(ik[-1])
+            if n_after > 2 * T and n_after > chunk.n and not one_key:
+                return None
         else:  # deletions alone reserve nothing (the apply counts what they removed)
             first_new = torch.zeros(idx.num_buckets, dtype=torch.int64)
         kmin, kmax = chunk.kmin, chunk.kmax
