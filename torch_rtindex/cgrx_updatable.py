@@ -107,8 +107,9 @@ def plan_insertions(nodes: torch.Tensor, node_size: int, used: int, dk, dr, doff
     nodes to reserve, the pairs the deletions remove and the deletion entries that find something. Changes
     nothing: the caller reserves the nodes (growing the region, or not) before cgrx_nodes_apply."""
     plan = _ops().cgrx_nodes_plan(nodes, node_size, dk, dr, doff, ik, ir, ioff)
-    # Insertions can split nodes: a bound on each bucket's new nodes (cgrx_nodes.h split_bound).
-    reserve = plan[:, 5]
+    # Insertions can split nodes: a bound on each bucket's new nodes (cgrx_nodes.h split_bound). Only
+    # insertions split, so a bucket without any reserves nothing (the bound counts its full nodes even then).
+    reserve = torch.where(ioff[1:] > ioff[:-1], plan[:, 5], 0)
     first_new = torch.cumsum(reserve, 0) - reserve + used
     return first_new, reserve.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()
 
