@@ -49,8 +49,9 @@ would answer clearly more of a batch than the tier did; or given with :meth:`Chu
 :meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
 insertions minus its deletions (cost: the touched chunks' sizes, not the batch's). With ``updatable=True`` each
 chunk holds :class:`UpdatableCgRXIndex`'s node chains (row IDs stored as offsets from the chunk's smallest, so
-global row order is chain order), and a chunk's share is planned and then applied in place, so that a batch
-costs about its own size: a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
+global row order is chain order), and a chunk's share is planned and then applied in place: a batch costs its
+own size plus one pass over the touched chunks' node headers (the plan visits every bucket), with no sort, build
+or copy of a chunk, so a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
 instead when its share needs more nodes than its slack (``growth``), when it grows past twice the chunk size
 (unless it holds one key's run, which no cut can split), or when its rows span 2^32 or more (a row map, in global row order, that insertions cannot extend). Either
 way a chunk that outgrew twice the chunk size is split and an emptied one dropped. All-or-nothing: every touched
