@@ -1118,3 +1118,26 @@ def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them()
         ix.delete(torch.full((3,), 0), rows=torch.tensor([2000, 2001, 0]))  # shrinking: in place
     assert index.stats()["chunks_rebuilt"] == 1 and index.stats()["chunks_updated_in_place"] == 2
     same_answers(index, twin, [0, 1, -1, 7, 1999, 2000], "cpu")
+
+
+def test_open_switches_the_kind_of_chunk_updates_make(tmp_path, gen):
+    keys = int64_keys("uniform", 2000, gen)
+    twin = chunked(keys, "cpu")
+    twin.save(tmp_path / "pairs")
+    mixed = ChunkedIndex.open(tmp_path / "pairs", device="cpu", gpu_budget=4 * SMALL, updatable=True)
+    batch = dict(insert_keys=keys[:3] + 1, delete_keys=keys[10:12])
+    for ix in (mixed, twin):
+        ix.update(**batch)
+    kinds = [c["kind"] for c in mixed.chunk_info()]
+    assert "nodes" in kinds and "pairs" in kinds  # the touched chunks became node chunks, the others stay
+    probe = keys[:21].tolist() + (keys[:3] + 1).tolist()
+    _equal(_all_answers(mixed, probe)[:-1], _all_answers(twin, probe)[:-1])
+    mixed.save(tmp_path / "mixed")
+    back = ChunkedIndex.open(tmp_path / "mixed", device="cpu", gpu_budget=4 * SMALL, updatable=False)
+    assert [c["kind"] for c in back.chunk_info()] == kinds and not back.updatable
+    for ix in (back, twin):
+        ix.update(insert_keys=keys[:3] + 2, delete_keys=keys[:3] + 1)  # node chunks touched become pairs again
+    assert [c["kind"] for c in back.chunk_info()].count("nodes") < kinds.count("nodes")
+    _equal(_all_answers(back, probe)[:-1], _all_answers(twin, probe)[:-1])
+    with pytest.raises(TypeError, match="updatable must be None"):
+        ChunkedIndex.open(tmp_path / "mixed", updatable="yes")

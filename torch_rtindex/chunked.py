@@ -1697,6 +1697,8 @@ class ChunkedIndex:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         entries, files = [], []
+        # Version 2 where node chunks are (or will be made): older readers open the rest.
+        nodes = self.updatable or any(c.kind == "nodes" for c in self._chunks)
         for i, chunk in enumerate(self._chunks):
             fname = f"chunk-{i:06d}.bin"
             path = os.path.join(tmp, fname)
@@ -1711,18 +1713,18 @@ class ChunkedIndex:
             entry = {"file": f"{name}/{fname}", "size": chunk.nbytes, "crc32": crc, "n": chunk.n,
                      "lo": chunk.lo, "base": chunk.base, "kmin": chunk.kmin, "kmax": chunk.kmax,
                      "specs": chunk.specs}
-            if self.updatable:
+            if nodes:
                 entry.update(kind=chunk.kind, used=chunk.used)
             entries.append(entry)
             files.append((chunk, fname, crc))
         manifest = {
-            "format": _FORMAT, "version": 2 if self.updatable else 1, "generation": g, "key_type": self.key_type,
+            "format": _FORMAT, "version": 2 if nodes else 1, "generation": g, "key_type": self.key_type,
             "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
             "rows_are_positions": self._rows_are_positions, "chunk_bytes": self.chunk_bytes,
             "bucket_size": self.bucket_size, "layout": self.layout, "backend": self.backend, "chunks": entries,
         }
-        if self.updatable:
-            manifest.update(updatable=True, node_size=self.node_size, growth=self.growth)
+        if nodes:
+            manifest.update(updatable=self.updatable, node_size=self.node_size, growth=self.growth)
         _fsync_dir(tmp)
         os.replace(tmp, os.path.join(directory, name))
         _atomic_write(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
@@ -1742,9 +1744,13 @@ class ChunkedIndex:
     def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
              device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,
              eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
-             hot_sample: int = 1 << 20) -> "ChunkedIndex":
+             hot_sample: int = 1 << 20, updatable: bool | None = None) -> "ChunkedIndex":
         """The index saved in ``directory`` (its current generation), without a rebuild: chunk files are read
-        lazily, on first use, and checked then (size and CRC-32)."""
+        lazily, on first use, and checked then (size and CRC-32). ``updatable``: ``None`` (default) as saved;
+        ``True`` / ``False`` switch the kind of chunk that updates make: each chunk keeps its saved kind (both
+        kinds answer alike) until an update touches it, which then makes it a node chunk or a rebuilt one."""
+        if updatable is not None and not isinstance(updatable, bool):
+            raise TypeError(f"updatable must be None (as saved), True or False, got {updatable!r}")
         directory = os.fspath(directory)
         try:
             with open(os.path.join(directory, "CURRENT")) as f:
@@ -1760,7 +1766,8 @@ class ChunkedIndex:
                         gpu_budget=gpu_budget, device=device, bucket_size=m["bucket_size"], layout=m["layout"],
                         backend=m["backend"], processors=processors, critical_mass=critical_mass, eviction=eviction,
                         pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample,
-                        updatable=m.get("updatable", False), node_size=m.get("node_size", 32),
+                        updatable=m.get("updatable", False) if updatable is None else updatable,
+                        node_size=m.get("node_size", 32),
                         growth=m.get("growth", 1.25))
         chunks = []
         for e in m["chunks"]:
