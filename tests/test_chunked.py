@@ -812,14 +812,15 @@ def same_answers(a, b, probe, device, values=True):
     """Every lookup form of ``a`` equals ``b``'s (an index over the same pairs: the multiset reference's twin,
     or the same index before a failed update), for point queries ``probe`` and ranges between them."""
     q = torch.tensor(probe, dtype=torch.int64, device=device)
-    pairs = torch.tensor(probe, dtype=torch.int64).view(-1, 2) if len(probe) % 2 == 0 else torch.tensor(probe[1:]).view(-1, 2)
+    pairs = torch.tensor(probe[len(probe) % 2 :], dtype=torch.int64).view(-1, 2)
     lo = torch.cat([pairs.min(1).values, torch.tensor([I64_MIN])]).to(device)
     hi = torch.cat([pairs.max(1).values, torch.tensor([I64_MAX])]).to(device)
     for x, y in ((a.lookup(q), b.lookup(q)), (a.range_lookup(lo, hi), b.range_lookup(lo, hi))):
         assert torch.equal(x.first_row, y.first_row) and torch.equal(x.count, y.count)
     for x, y in ((a.lookup_all(q), b.lookup_all(q)), (a.range(lo, hi), b.range(lo, hi))):
         assert torch.equal(x.offsets, y.offsets) and torch.equal(x.rows, y.rows)
-    for x, y in ((a.lookup_all_capped(q, 9), b.lookup_all_capped(q, 9)), (a.range_capped(lo, hi, 20), b.range_capped(lo, hi, 20))):
+    for x, y in ((a.lookup_all_capped(q, 9), b.lookup_all_capped(q, 9)),
+                 (a.range_capped(lo, hi, 20), b.range_capped(lo, hi, 20))):
         assert all(torch.equal(s, t) for s, t in zip(x, y))
     if values:  # one value per row ID handed out so far
         values = (torch.arange(max(a._next_row, b._next_row), dtype=torch.int64) * 7 - 3).to(device)
@@ -1012,7 +1013,8 @@ def test_updatable_failed_update_at_each_stage_changes_nothing(gen, stage, nth):
     twin = chunked(keys, "cpu", node_size=4)
     c = index.num_chunks // 2
     overflow = torch.full((40,), index.chunk_info()[c]["lo"] ^ -(2**63))  # this chunk falls back (build_chunk)
-    batch = dict(insert_keys=torch.cat([keys[::150] + 1, overflow]), delete_keys=keys[:60], delete_rows=torch.arange(60))
+    batch = dict(insert_keys=torch.cat([keys[::150] + 1, overflow]), delete_keys=keys[:60],
+                 delete_rows=torch.arange(60))
     probe = keys[::37].tolist() + (keys[::150] + 1).tolist() + overflow[:1].tolist()
     index.lookup(keys[::7].contiguous())  # some chunks cached
     want = _all_answers(index, probe)

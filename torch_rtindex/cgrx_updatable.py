@@ -219,7 +219,8 @@ class UpdatableCgRXIndex(CgRXSearch):
         blob or its cache slot (as :meth:`CgRXIndex._from_structure` for sorted pairs). Only the backends that
         need no OptiX scene; ``key_span`` is (smallest, largest) ordered key, for the query sort."""
         if backend not in ("radix", "binary_search"):
-            raise ValueError(f"an index over prebuilt structure needs backend 'radix' or 'binary_search', got {backend!r}")
+            raise ValueError(
+                f"an index over prebuilt structure needs backend 'radix' or 'binary_search', got {backend!r}")
         self = cls.__new__(cls)
         self.key_type, self.key_dtype, self.device = key_type, key_dtype, nodes.device
         self.requested_backend = self.backend = backend

@@ -53,8 +53,9 @@ global row order is chain order), and a chunk's share is planned and then applie
 own size plus one pass over the touched chunks' node headers (the plan visits every bucket), with no sort, build
 or copy of a chunk, so a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
 instead when its share needs more nodes than its slack (``growth``), when it grows past twice the chunk size
-(unless it holds one key's run, which no cut can split), or when its rows span 2^32 or more (a row map, in global row order, that insertions cannot extend). Either
-way a chunk that outgrew twice the chunk size is split and an emptied one dropped. All-or-nothing: every touched
+(unless it holds one key's run, which no cut can split), or when its rows span 2^32 or more (a row map, in
+global row order, that insertions cannot extend). Either way a chunk that outgrew twice the chunk size is split
+and an emptied one dropped. All-or-nothing: every touched
 chunk is planned (and rebuilt ones built) before anything changes; the in-place applies save the chains they
 touch first and restore them on any error; chunks are swapped and cached copies of changed chunks evicted only
 after every chunk succeeded.
@@ -1789,7 +1790,8 @@ class ChunkedIndex:
             "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "hot_rebuilds": 0, "queries_gpu": 0,
             "queries_cpu": 0, "chunk_hits": 0, "chunk_misses": 0, "evictions": 0, "bytes_copied": 0,
             "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0, "chunks_updated_in_place": 0,
-            "chunks_rebuilt": 0, "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
+            "chunks_rebuilt": 0,
+            "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
                        "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
