@@ -33,8 +33,9 @@ def chunked(keys, device, **kw):
     return ChunkedIndex(keys, device=device, **kw)
 
 
-def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**40)):
-    """Every lookup form of ``index`` against the reference and against CgRXIndex over the same keys."""
+def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**40), values_n=None):
+    """Every lookup form of ``index`` against the reference and against CgRXIndex over the same keys
+    (``values_n``: values per row ID handed out, where updates handed out more than ``keys`` has)."""
     ref = Reference(keys, key_type)
     cg = CgRXIndex(keys, key_type=key_type if key_type == "uint64" else None)
     q = point_queries(keys, n_q, gen)
@@ -42,7 +43,7 @@ def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**4
     check_lookup(index.lookup(q.to(device)), first, count)
     check_matches(index.lookup_all(q.to(device)), rows)
     assert torch.equal(index.lookup_all(q.to(device)).rows.cpu(), cg.lookup_all(q).rows)
-    values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
+    values = torch.arange(values_n or keys.numel(), dtype=torch.int64) * 7 - 3
     agg = index.aggregate(q.to(device), values.to(device))
     np.testing.assert_array_equal(agg.count.cpu().numpy(), count)
     np.testing.assert_array_equal(agg.sum.cpu().numpy(), ref.sums(rows, values))
@@ -804,3 +805,341 @@ def test_a_chunk_grown_past_the_cache_is_served_by_the_cpu():
         index.processors = processors
         assert index.lookup(torch.tensor([7, 8, 1999])).count.tolist() == [1501, 1, 1]
         assert index.lookup_all(torch.tensor([7])).rows.numel() == 1501
+
+
+# ------------------------------------------------------------------------------- updatable (node) chunks
+def same_answers(a, b, probe, device, values=True):
+    """Every lookup form of ``a`` equals ``b``'s (an index over the same pairs: the multiset reference's twin,
+    or the same index before a failed update), for point queries ``probe`` and ranges between them."""
+    q = torch.tensor(probe, dtype=torch.int64, device=device)
+    pairs = torch.tensor(probe[len(probe) % 2 :], dtype=torch.int64).view(-1, 2)
+    lo = torch.cat([pairs.min(1).values, torch.tensor([I64_MIN])]).to(device)
+    hi = torch.cat([pairs.max(1).values, torch.tensor([I64_MAX])]).to(device)
+    for x, y in ((a.lookup(q), b.lookup(q)), (a.range_lookup(lo, hi), b.range_lookup(lo, hi))):
+        assert torch.equal(x.first_row, y.first_row) and torch.equal(x.count, y.count)
+    for x, y in ((a.lookup_all(q), b.lookup_all(q)), (a.range(lo, hi), b.range(lo, hi))):
+        assert torch.equal(x.offsets, y.offsets) and torch.equal(x.rows, y.rows)
+    for x, y in ((a.lookup_all_capped(q, 9), b.lookup_all_capped(q, 9)),
+                 (a.range_capped(lo, hi, 20), b.range_capped(lo, hi, 20))):
+        assert all(torch.equal(s, t) for s, t in zip(x, y))
+    if values:  # one value per row ID handed out so far
+        values = (torch.arange(max(a._next_row, b._next_row), dtype=torch.int64) * 7 - 3).to(device)
+        for x, y in ((a.aggregate(q, values), b.aggregate(q, values)),
+                     (a.range_aggregate(lo, hi, values), b.range_aggregate(lo, hi, values))):
+            assert torch.equal(x.count, y.count) and torch.equal(x.sum, y.sum)
+
+
+def _batch(rng, pool, ref, next_row, near_rows=True):
+    """A random update batch: insertions (fresh or given row IDs), deletions by pair or by key."""
+    present = list(ref.pairs)
+    n_ins = rng.choice([0, 1, 5, 40, 150, 300])
+    ins = [rng.choice(pool) for _ in range(n_ins)]
+    ins_rows = [rng.randint(0, next_row + 50) for _ in range(n_ins)] if rng.random() < 0.3 else None
+    rows_now = ins_rows or list(range(next_row, next_row + n_ins))
+    if rng.random() < 0.2:
+        dk = [rng.choice(present)[0] if present else 0 for _ in range(rng.randint(0, 5))] + [rng.choice(pool)]
+        dr = None
+    else:
+        chosen = [rng.choice(present) for _ in range(rng.randint(0, 60))] if present else []
+        chosen += [(rng.choice(pool), rng.randint(0, 10**6)) for _ in range(3)]
+        chosen += [(ins[j], rows_now[j]) for j in range(n_ins) if rng.random() < 0.3]
+        dk, dr = [c[0] for c in chosen], [c[1] for c in chosen]
+    return ins, ins_rows, rows_now, dk, dr
+
+
+def _update(index, ins, ins_rows, dk, dr, device):
+    t = lambda x: None if x is None else torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+    return index.update(insert_keys=t(ins), insert_rows=t(ins_rows), delete_keys=t(dk), delete_rows=t(dr))
+
+
+def test_updatable_random_sequences_match_the_multiset_and_the_rebuilding_index(device):
+    rng = random.Random(11)
+    pool = [rng.randint(I64_MIN, I64_MAX) for _ in range(150)] + list(range(-20, 20)) + [I64_MIN, I64_MAX, 0, -1]
+    keys = [rng.choice(pool) for _ in range(600)]
+    kw = dict(chunk_bytes=2048, gpu_budget=3 * 4096, node_size=8)
+    index = chunked(torch.tensor(keys, device=device), device, updatable=True, **kw)
+    twin = chunked(torch.tensor(keys, device=device), device, **kw)  # today's rebuilding index
+    assert {c["kind"] for c in index.chunk_info()} == {"nodes"} and index.num_chunks > 5
+    ref = Multiset(keys, range(len(keys)))
+    next_row = len(keys)
+    chunks_seen = set()
+    for step in range(24):
+        ins, ins_rows, rows_now, dk, dr = _batch(rng, pool, ref, next_row)
+        exp = ref.apply(ins, rows_now, dk, dr)
+        res = _update(index, ins, ins_rows, dk, dr, device)
+        res_twin = _update(twin, ins, ins_rows, dk, dr, device)
+        assert (res.inserted, res.deleted, res.absent) == (len(ins), *exp) == (res_twin.inserted, res_twin.deleted,
+                                                                              res_twin.absent), f"batch {step}"
+        assert res.rows.cpu().tolist() == rows_now
+        next_row = max([next_row + (len(ins) if ins_rows is None else 0)] + [r + 1 for r in ins_rows or []])
+        chunks_seen.add(index.num_chunks)
+        index.processors = twin.processors = ("auto", "gpu", "cpu")[step % 3]  # cached copies must follow updates
+        check_against(index, ref, rng, device)
+        probe = rng.sample(pool, 40) + [rng.randint(I64_MIN, I64_MAX) for _ in range(4)]
+        same_answers(index, twin, probe, device)
+    s = index.stats()
+    assert s["chunks_updated_in_place"] > 0 and s["chunks_rebuilt"] > 0  # tiny chunks: their slack runs out often
+    assert max(chunks_seen) > min(chunks_seen)  # chunks were split and dropped along the way
+    assert s["resident_bytes"] <= index.gpu_budget
+
+
+def test_updatable_rows_beyond_a_chunks_32_bit_window_rebuild_it():
+    """Rows spanning 2^32 or more in one chunk take a row map; such a chunk is rebuilt by every update."""
+    index = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0, updatable=True)
+    twin = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
+    for ix in (index, twin):
+        ix.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
+    assert index.stats()["chunks_updated_in_place"] == 1 and index._chunks[0].specs[-1][2] == 0  # no row map
+    for ix in (index, twin):
+        ix.insert(torch.tensor([7, 6]), rows=torch.tensor([2**40, 1]))
+    assert index.stats()["chunks_rebuilt"] == 1 and index._chunks[0].specs[-1][2] == 7  # an int64 row map
+    assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 1, 2**31, 2, 2**40]
+    for ix in (index, twin):
+        ix.update(insert_keys=torch.tensor([6]), insert_rows=torch.tensor([4]), delete_keys=torch.tensor([7]),
+                  delete_rows=torch.tensor([2**40]))
+    assert index.stats()["chunks_rebuilt"] == 2 and index._chunks[0].specs[-1][2] == 0  # back in the window
+    same_answers(index, twin, [5, 6, 7, 4, 8, 5], "cpu", values=False)
+
+
+def test_updatable_duplicates_across_chunk_boundaries(gen):
+    base = torch.arange(0, 4000, 4).repeat_interleave(3)  # runs of 3 equal keys: boundaries fall between runs
+    keys = base[torch.randperm(base.numel(), generator=gen)]
+    index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 16)
+    twin = chunked(keys, "cpu", gpu_budget=1 << 16)
+    firsts = [c["lo"] ^ -(2**63) for c in index.chunk_info()[1:]]
+    assert len(firsts) > 5
+    edges = firsts + [f - 4 for f in firsts]  # each chunk's first key and the previous chunk's last one
+    for ix in (index, twin):
+        ix.insert(torch.tensor(edges * 3))  # more copies on both sides of every boundary
+        ix.insert(torch.tensor([f - 2 for f in firsts]))  # keys between two chunks: the lower one takes them
+    assert index.stats()["chunks_rebuilt"] == 0
+    probe = edges + [f - 2 for f in firsts] + [f - 1 for f in firsts]
+    same_answers(index, twin, probe, "cpu")
+    for ix in (index, twin):
+        r = ix.update(delete_keys=torch.tensor(firsts[:3]), insert_keys=torch.tensor(firsts[:2]))
+        ix.delete(torch.tensor(edges[3:9]), rows=torch.arange(6) * 997 % 3000)
+    same_answers(index, twin, probe, "cpu")
+    assert r.deleted == 6 * 3 + 2 and len(index) == len(twin)
+
+
+def test_updatable_slack_overflow_falls_back_and_growth_splits():
+    keys = torch.arange(0, 30000, 10)
+    index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20, node_size=4, growth=1.0)
+    twin = chunked(keys, "cpu", gpu_budget=1 << 20)
+    n0, T = index.num_chunks, index._chunk_keys()
+    c = index.num_chunks // 2
+    lo = index.chunk_info()[c]["lo"] ^ -(2**63)
+    # growth 1.0 leaves a node or so of slack: a batch that splits nodes needs more, and the chunk is rebuilt
+    for ix in (index, twin):
+        ix.insert(torch.tensor([lo + 1, lo + 2, lo + 3, lo + 11, lo + 12, lo + 13]))
+    s = index.stats()
+    assert (s["chunks_rebuilt"], s["chunks_updated_in_place"], index.num_chunks) == (1, 0, n0)
+    same_answers(index, twin, list(range(lo - 5, lo + 40)), "cpu")
+    # rebuilt with fresh slack: a single insertion in place again
+    for ix in (index, twin):
+        ix.insert(torch.tensor([lo + 5]))
+    assert index.stats()["chunks_updated_in_place"] == 1
+    # more than twice the chunk's size: rebuilt and split
+    for ix in (index, twin):
+        ix.insert(lo + torch.arange(4 * T) % 9)
+    assert index.num_chunks > n0 and index.stats()["chunks_rebuilt"] == 2
+    same_answers(index, twin, list(range(lo - 5, lo + 40)), "cpu")
+
+
+def test_updatable_deleting_everything_in_a_chunk_drops_it():
+    keys = torch.arange(0, 3000, 3)
+    index = chunked(keys, "cpu", updatable=True)
+    twin = chunked(keys, "cpu")
+    info = index.chunk_info()
+    n0 = index.num_chunks
+    lo, hi = info[3]["lo"] ^ -(2**63), info[4]["lo"] ^ -(2**63)
+    for ix in (index, twin):
+        ix.delete(torch.arange(lo, hi))  # by key: every pair of chunk 3, in place (deletions reserve nothing)
+    assert index.num_chunks == n0 - 1 and index.stats()["chunks_updated_in_place"] == 1
+    assert index.range(torch.tensor([lo]), torch.tensor([hi - 1])).rows.numel() == 0
+    for ix in (index, twin):
+        ix.insert(torch.tensor([lo, lo + 1]))  # its range belongs to the chunk before it now
+    same_answers(index, twin, list(range(lo - 6, hi + 6)), "cpu")
+    for ix in (index, twin):
+        ix.delete(torch.arange(-1, 10**4))
+    assert len(index) == 0 and index.num_chunks == 1 and index.lookup(torch.tensor([3])).count.item() == 0
+    for ix in (index, twin):
+        ix.insert(torch.tensor([3, 3, 9]))
+    assert index.lookup_all(torch.tensor([3])).rows.tolist() == [1002, 1003]
+    same_answers(index, twin, [3, 9, 4, 0], "cpu")
+
+
+def test_update_touching_few_chunks_changes_only_those_in_place(gen):
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20)
+    index.processors = "gpu"
+    index.lookup(keys)  # every chunk loaded and cached
+    before = {id(c): (c.host.data_ptr(), c.host.clone()) for c in index._chunks}
+    target = index._chunks[2]
+    k = torch.tensor([index.chunk_info()[2]["lo"] ^ -(2**63)])
+    res = index.update(insert_keys=k, delete_keys=keys[:0])
+    assert res.inserted == 1
+    s = index.stats()
+    assert (s["chunks_updated_in_place"], s["chunks_rebuilt"]) == (1, 0)
+    assert index._chunks[2] is target and target.host.data_ptr() == before[id(target)][0]  # the same blob, changed
+    assert not torch.equal(target.host, before[id(target)][1]) and target not in index._cache
+    for c in index._chunks:
+        if c is not target:
+            assert id(c) in before and torch.equal(c.host, before[id(c)][1]) and c in index._cache
+    assert index.lookup_all(k).rows.tolist()[-1] == keys.numel()
+
+
+def _all_answers(index, probe):
+    q = torch.tensor(probe)
+    lo, hi = q.sort().values[::2].contiguous(), q.sort().values[1::2].contiguous()
+    values = torch.arange(index._next_row, dtype=torch.float64)  # one value per row ID
+    out = [*index.lookup(q), *index.lookup_all(q), *index.range(lo, hi), *index.range_lookup(lo, hi),
+           *index.aggregate(q, values), *index.range_aggregate(lo, hi, values), *index.lookup_all_capped(q, 5),
+           *index.range_capped(lo, hi, 7)]
+    return out + [len(index), [c["n"] for c in index.chunk_info()]]
+
+
+def _equal(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+
+
+@pytest.mark.parametrize("stage,nth", [("plan_chunk", 1), ("plan_chunk", 4), ("build_chunk", 1),
+                                       ("apply_chunk", 1), ("apply_chunk", 3), ("commit", 1)])
+def test_updatable_failed_update_at_each_stage_changes_nothing(gen, stage, nth):
+    keys = int64_keys("uniform", 2000, gen)
+    index = chunked(keys, "cpu", updatable=True, node_size=4)
+    twin = chunked(keys, "cpu", node_size=4)
+    c = index.num_chunks // 2
+    overflow = torch.full((40,), index.chunk_info()[c]["lo"] ^ -(2**63))  # this chunk falls back (build_chunk)
+    batch = dict(insert_keys=torch.cat([keys[::150] + 1, overflow]), delete_keys=keys[:60],
+                 delete_rows=torch.arange(60))
+    probe = keys[::37].tolist() + (keys[::150] + 1).tolist() + overflow[:1].tolist()
+    index.lookup(keys[::7].contiguous())  # some chunks cached
+    want = _all_answers(index, probe)
+    calls = []
+
+    def fault(s):
+        if s == stage:
+            calls.append(s)
+            if len(calls) == nth:
+                raise torch.OutOfMemoryError(f"injected at {s}")
+
+    index._fault = fault
+    with pytest.raises(torch.OutOfMemoryError, match=f"injected at {stage}"):
+        index.update(**batch)
+    index._fault = None
+    _equal(_all_answers(index, probe), want)
+    assert index.stats()["chunks_updated_in_place"] == index.stats()["chunks_rebuilt"] == 0
+    for ix in (index, twin):  # and usable: the same batch applies
+        ix.update(**batch)
+    assert index.stats()["chunks_updated_in_place"] > 5 and index.stats()["chunks_rebuilt"] >= 1
+    _equal(_all_answers(index, probe)[:-1], _all_answers(twin, probe)[:-1])  # chunks differ
+
+
+def test_updatable_save_open_after_updates(tmp_path, gen):
+    keys = int64_keys("duplicates", 2000, gen)
+    index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 17)
+    twin = chunked(keys, "cpu", gpu_budget=1 << 17)
+    batch = dict(insert_keys=keys[::40] + 1, delete_keys=keys[:30], delete_rows=torch.arange(30))
+    for ix in (index, twin):
+        ix.update(**batch)
+    probe = keys[::23].tolist() + (keys[::40] + 1).tolist()
+    d = tmp_path / "idx"
+    index.save(d)
+    manifest = json.loads((d / (d / "CURRENT").read_text().strip()).read_text())
+    assert manifest["version"] == 2 and manifest["updatable"] and {e["kind"] for e in manifest["chunks"]} == {"nodes"}
+    opened = ChunkedIndex.open(d, device="cpu", gpu_budget=1 << 17)
+    assert opened.updatable and opened.node_size == index.node_size and opened.growth == index.growth
+    _equal(_all_answers(opened, probe), _all_answers(index, probe))
+    # the opened index takes updates in place too, and saves them (changed chunks rewritten, others linked)
+    batch2 = dict(insert_keys=keys[5:8] * 3, delete_keys=keys[100:103])
+    for ix in (opened, twin):
+        ix.update(**batch2)
+    assert opened.stats()["chunks_updated_in_place"] >= 1
+    opened.save(d)
+    again = ChunkedIndex.open(d, device="cpu", gpu_budget=1 << 17)
+    _equal(_all_answers(again, probe)[:-1], _all_answers(twin, probe)[:-1])
+    # a node chunk file that is corrupt, truncated, or of the other kind says so, naming the file
+    manifest = json.loads((d / (d / "CURRENT").read_text().strip()).read_text())
+    f0, f1 = (d / manifest["chunks"][i]["file"] for i in (0, 1))
+    f1.write_bytes(f1.read_bytes()[:-100])
+    data = bytearray(f0.read_bytes())
+    data[:8] = b"RTXCHNK1"  # a pairs chunk's magic
+    f0.write_bytes(bytes(data))
+    broken = ChunkedIndex.open(d, device="cpu", gpu_budget=0)
+    with pytest.raises(ValueError, match=f"{f0.name}.*corrupt.*not a nodes chunk"):
+        broken.lookup(torch.tensor([I64_MIN]))
+    in_chunk1 = torch.tensor([broken.chunk_info()[1]["lo"] ^ -(2**63)])
+    with pytest.raises(ValueError, match=f"{f1.name}.*truncated"):
+        broken.lookup(in_chunk1)
+
+
+def test_updatable_argument_checks(gen):
+    keys = int64_keys("uniform", 500, gen)
+    with pytest.raises(TypeError, match="updatable must be True or False"):
+        chunked(keys, "cpu", updatable=1)
+    with pytest.raises(ValueError, match="node_size must be an even integer"):
+        chunked(keys, "cpu", updatable=True, node_size=7)
+    with pytest.raises(ValueError, match="growth must be in"):
+        chunked(keys, "cpu", updatable=True, growth=0.5)
+    assert {c["kind"] for c in chunked(keys, "cpu").chunk_info()} == {"pairs"}
+
+
+@pytest.mark.parametrize("key_type,kind", [("int64", "duplicates"), ("int64", "clustered"), ("int32", None),
+                                           ("float64", None), ("uint64", None)])
+def test_updatable_every_form_and_key_type(device, gen, key_type, kind):
+    keys = int64_keys(kind, 2000, gen) if kind else keys_of_type(key_type, 2000, gen)
+    kt = key_type if key_type == "uint64" else None
+    index = chunked(keys.to(device), device, key_type=kt, updatable=True, growth=2.0,
+                    gpu_budget=DUP_BUDGET * 2 if kind == "duplicates" else 4 * SMALL)
+    assert index.num_chunks > 5 and {c["kind"] for c in index.chunk_info()} == {"nodes"}
+    check_all_forms(index, keys, key_type, gen, device, n_q=300)
+    # an update in place and its undo by the inverse batch: the same answers again
+    ins = keys[::97].contiguous()
+    res = index.update(insert_keys=ins.to(device))
+    assert index.stats()["chunks_updated_in_place"] > 0
+    index.delete(ins.to(device), rows=res.rows)
+    if kind != "duplicates":  # there a chunk of one run of 1000 keys plus others grows past twice its size
+        assert index.stats()["chunks_rebuilt"] == 0
+    check_all_forms(index, keys, key_type, gen, device, n_q=300, values_n=index._next_row)
+
+
+def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them():
+    index = chunked(torch.arange(2000), "cpu", updatable=True, gpu_budget=1 << 20, growth=4.0)
+    twin = chunked(torch.arange(2000), "cpu", gpu_budget=1 << 20)
+    T = index._chunk_keys()
+    for ix in (index, twin):
+        ix.insert(torch.full((3 * T,), 0))  # the first chunk grows past 2T: rebuilt, its run of 0s cut out
+    assert index.stats()["chunks_rebuilt"] == 1
+    run = next(c for c in index._chunks if c.n > 2 * T)
+    assert run.kmin == run.kmax  # a chunk of 0s alone
+    for ix in (index, twin):
+        ix.insert(torch.full((5,), 0))  # a run of one key: no rebuild could cut it, so in place
+        ix.delete(torch.full((3,), 0), rows=torch.tensor([2000, 2001, 0]))  # shrinking: in place
+    assert index.stats()["chunks_rebuilt"] == 1 and index.stats()["chunks_updated_in_place"] == 2
+    same_answers(index, twin, [0, 1, -1, 7, 1999, 2000], "cpu")
+
+
+def test_open_switches_the_kind_of_chunk_updates_make(tmp_path, gen):
+    keys = int64_keys("uniform", 2000, gen)
+    twin = chunked(keys, "cpu")
+    twin.save(tmp_path / "pairs")
+    mixed = ChunkedIndex.open(tmp_path / "pairs", device="cpu", gpu_budget=4 * SMALL, updatable=True)
+    batch = dict(insert_keys=keys[:3] + 1, delete_keys=keys[10:12])
+    for ix in (mixed, twin):
+        ix.update(**batch)
+    kinds = [c["kind"] for c in mixed.chunk_info()]
+    assert "nodes" in kinds and "pairs" in kinds  # the touched chunks became node chunks, the others stay
+    probe = keys[:21].tolist() + (keys[:3] + 1).tolist()
+    _equal(_all_answers(mixed, probe)[:-1], _all_answers(twin, probe)[:-1])
+    mixed.save(tmp_path / "mixed")
+    back = ChunkedIndex.open(tmp_path / "mixed", device="cpu", gpu_budget=4 * SMALL, updatable=False)
+    assert [c["kind"] for c in back.chunk_info()] == kinds and not back.updatable
+    for ix in (back, twin):
+        ix.update(insert_keys=keys[:3] + 2, delete_keys=keys[:3] + 1)  # node chunks touched become pairs again
+    assert [c["kind"] for c in back.chunk_info()].count("nodes") < kinds.count("nodes")
+    _equal(_all_answers(back, probe)[:-1], _all_answers(twin, probe)[:-1])
+    with pytest.raises(TypeError, match="updatable must be None"):
+        ChunkedIndex.open(tmp_path / "mixed", updatable="yes")

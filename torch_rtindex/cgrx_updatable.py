@@ -19,7 +19,8 @@ import torch
 from ._keys import MAX_KEYS
 from ._base import format_bytes
 from ._config import cgrx_config
-from .cgrx import CgRXSearch, _ops
+from .cgrx import CGRX_SCENE, CgRXSearch, _ops
+from ._base import query_sort_bits
 from .results import UpdateResult
 from .scene import SceneConfig
 
@@ -59,6 +60,58 @@ def _check_max_node_reads(value: Any) -> float | None:
     if not v >= 1.0 or v == float("inf"):
         raise ValueError(f"max_node_reads must be a finite number >= 1.0 or None (never rebuild), got {value!r}")
     return v
+
+
+def sort_pairs(ordered: torch.Tensor, rows: torch.Tensor | None, rows_sorted: bool = False):
+    """A batch side sorted by (key, row ID), keys in unsigned order; rows stay None when not given.
+    ``rows_sorted``: the rows already ascend (fresh row IDs), so one stable sort by key is enough."""
+    if rows is not None and not rows_sorted:
+        by_row = torch.sort(rows, stable=True).indices
+        ordered, rows = ordered[by_row], rows[by_row]
+    # Unsigned key order through a signed sort (flip the top bit), stable: equal keys keep their row order.
+    flipped, by_key = torch.sort(ordered ^ (-(2**63)), stable=True)
+    return (flipped ^ (-(2**63))).contiguous(), (rows[by_key] if rows is not None else None)
+
+
+def bucket_offsets(reps: torch.Tensor, table: torch.Tensor, ordered: torch.Tensor) -> torch.Tensor:
+    """Where each bucket's slice of a batch sorted by key starts (sorted by key is sorted by bucket)."""
+    if ordered.numel() == 0:
+        return torch.zeros(reps.numel() + 1, dtype=torch.int64, device=reps.device)
+    buckets = _ops().cgrx_find_buckets(reps, table, ordered)
+    return torch.searchsorted(buckets, torch.arange(reps.numel() + 1, device=reps.device))
+
+
+def ranks_within(groups: torch.Tensor) -> torch.Tensor:
+    """For each element, how many earlier elements share its group id."""
+    order = torch.argsort(groups, stable=True)
+    sorted_groups = groups[order]
+    ranks = torch.empty_like(groups)
+    ranks[order] = torch.arange(groups.numel(), device=groups.device) - torch.searchsorted(sorted_groups, sorted_groups)
+    return ranks
+
+
+def cancel_pairs(ik, ir, dk, dr):
+    """The paper's cancellation: a (key, row ID) pair both inserted and deleted by one batch does neither.
+    Returns which insertions and deletions remain (multiset matching: k copies cancel k copies)."""
+    if ik.numel() == 0 or dk.numel() == 0:
+        return torch.ones_like(ik, dtype=torch.bool), torch.ones_like(dk, dtype=torch.bool)
+    pairs = torch.stack([torch.cat([ik, dk]), torch.cat([ir, dr])], dim=1)
+    groups = torch.unique(pairs, dim=0, return_inverse=True)[1]
+    gi, gd = groups[: ik.numel()], groups[ik.numel() :]
+    matched = torch.minimum(torch.bincount(gi, minlength=groups.numel()), torch.bincount(gd, minlength=groups.numel()))
+    return ranks_within(gi) >= matched[gi], ranks_within(gd) >= matched[gd]
+
+
+def plan_insertions(nodes: torch.Tensor, node_size: int, used: int, dk, dr, doff, ik, ir, ioff):
+    """Plans a batch with insertions (cgrx_nodes_plan): each bucket's first reserved node, and as tensors the
+    nodes to reserve, the pairs the deletions remove and the deletion entries that find something. Changes
+    nothing: the caller reserves the nodes (growing the region, or not) before cgrx_nodes_apply."""
+    plan = _ops().cgrx_nodes_plan(nodes, node_size, dk, dr, doff, ik, ir, ioff)
+    # Insertions can split nodes: a bound on each bucket's new nodes (cgrx_nodes.h split_bound). Only
+    # insertions split, so a bucket without any reserves nothing (the bound counts its full nodes even then).
+    reserve = torch.where(ioff[1:] > ioff[:-1], plan[:, 5], 0)
+    first_new = torch.cumsum(reserve, 0) - reserve + used
+    return first_new, reserve.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()
 
 
 class UpdatableCgRXIndex(CgRXSearch):
@@ -157,6 +210,31 @@ class UpdatableCgRXIndex(CgRXSearch):
     def _num_values(self) -> tuple[int, bool]:
         return self._next_row, False  # indexed by row ID: every row ID handed out so far
 
+    @classmethod
+    def _from_structure(cls, nodes: torch.Tensor, reps: torch.Tensor, table: torch.Tensor, n: int, used: int, *,
+                        node_size: int, key_type: str, key_dtype: torch.dtype, key_span: tuple[int, int] | None,
+                        num_values: int, backend: str = "radix") -> "UpdatableCgRXIndex":
+        """An index over a node region, representatives and table that ``cgrx_nodes_load`` made (any device),
+        without reloading them: how :class:`~torch_rtindex.ChunkedIndex` serves an updatable chunk from its host
+        blob or its cache slot (as :meth:`CgRXIndex._from_structure` for sorted pairs). Only the backends that
+        need no OptiX scene; ``key_span`` is (smallest, largest) ordered key, for the query sort."""
+        if backend not in ("radix", "binary_search"):
+            raise ValueError(
+                f"an index over prebuilt structure needs backend 'radix' or 'binary_search', got {backend!r}")
+        self = cls.__new__(cls)
+        self.key_type, self.key_dtype, self.device = key_type, key_dtype, nodes.device
+        self.requested_backend = self.backend = backend
+        self.scene = CGRX_SCENE
+        self.node_size, self.bucket_size, self.layout, self.representation = node_size, node_size // 2, "nodes", "naive"
+        self.growth, self.max_node_reads, self.auto_rebuilds, self._node_reads = 1.0, None, 0, 1.0
+        self._pairs, self._reps, self._table, self._used = nodes, reps, table, int(used)
+        self._n, self._next_row = int(n), int(num_values)
+        self.num_buckets = reps.numel()
+        self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self._query_bits = (0, 0) if key_span is None else query_sort_bits(*key_span)
+        self._prepare_lookups()
+        return self
+
     # ---------------------------------------------------------------------------------- state and devices
     def state_dict(self) -> dict[str, Any]:
         """The current pairs and the configuration (never the node region or the search structures, rebuilt on load).
@@ -224,39 +302,11 @@ class UpdatableCgRXIndex(CgRXSearch):
             if not fresh_rows:
                 _check_row_ids(rows, f"{what} rows")
             rows = rows.to(torch.int64)
-        if rows is not None and not fresh_rows:
-            by_row = torch.sort(rows, stable=True).indices
-            ordered, rows = ordered[by_row], rows[by_row]
-        # Unsigned key order through a signed sort (flip the top bit), stable: equal keys keep their row order.
-        flipped, by_key = torch.sort(ordered ^ (-(2**63)), stable=True)
-        return (flipped ^ (-(2**63))).contiguous(), (rows[by_key] if rows is not None else None)
+        return sort_pairs(ordered, rows, rows_sorted=fresh_rows)
 
     def _bucket_offsets(self, ordered: torch.Tensor) -> torch.Tensor:
         """Where each bucket's slice of a sorted batch starts (batches sorted by key are sorted by bucket)."""
-        if ordered.numel() == 0:
-            return torch.zeros(self.num_buckets + 1, dtype=torch.int64, device=self.device)
-        buckets = _ops().cgrx_find_buckets(self._reps, self._table, ordered)
-        return torch.searchsorted(buckets, torch.arange(self.num_buckets + 1, device=self.device))
-
-    @staticmethod
-    def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
-        """For each element, how many earlier elements share its group id."""
-        order = torch.argsort(groups, stable=True)
-        sorted_groups = groups[order]
-        ranks = torch.empty_like(groups)
-        ranks[order] = torch.arange(groups.numel(), device=groups.device) - torch.searchsorted(sorted_groups, sorted_groups)
-        return ranks
-
-    def _cancel_pairs(self, ik, ir, dk, dr):
-        """The paper's cancellation: a (key, row ID) pair both inserted and deleted by one batch does neither.
-        Returns which insertions and deletions remain (multiset matching: k copies cancel k copies)."""
-        if ik.numel() == 0 or dk.numel() == 0:
-            return torch.ones_like(ik, dtype=torch.bool), torch.ones_like(dk, dtype=torch.bool)
-        pairs = torch.stack([torch.cat([ik, dk]), torch.cat([ir, dr])], dim=1)
-        groups = torch.unique(pairs, dim=0, return_inverse=True)[1]
-        gi, gd = groups[: ik.numel()], groups[ik.numel() :]
-        matched = torch.minimum(torch.bincount(gi, minlength=groups.numel()), torch.bincount(gd, minlength=groups.numel()))
-        return self._ranks_within(gi) >= matched[gi], self._ranks_within(gd) >= matched[gd]
+        return bucket_offsets(self._reps, self._table, ordered)
 
     def _present(self, ordered: torch.Tensor) -> torch.Tensor:
         """Whether each ordered key is in the index now (one radix-table lookup; any backend gives the same)."""
@@ -305,7 +355,7 @@ class UpdatableCgRXIndex(CgRXSearch):
             found_by_key = self._present(dk) | torch.isin(dk, ik)
         if ik.numel() and dk.numel():  # nothing cancels in a batch of insertions only or deletions only
             if dr is not None:
-                keep_ins, keep_del = self._cancel_pairs(ik, ir, dk, dr)
+                keep_ins, keep_del = cancel_pairs(ik, ir, dk, dr)
             else:
                 keep_ins = ~torch.isin(ik, dk)
                 keep_del = torch.ones_like(dk, dtype=torch.bool)
@@ -319,12 +369,9 @@ class UpdatableCgRXIndex(CgRXSearch):
         words = 3 * N + 2
         nodes = self._pairs
         if ik.numel():
-            # Insertions can split nodes: plan first (a bound on each bucket's new nodes, cgrx_nodes.h
-            # split_bound), so that the nodes are reserved for the whole batch before anything changes.
-            plan = ops.cgrx_nodes_plan(nodes, N, dk, dr, doff, ik, ir, ioff)
-            reserve = plan[:, 5]
-            first_new = torch.cumsum(reserve, 0) - reserve + self._used
-            extra, removed, found = reserve.sum(), (plan[:, 0] - plan[:, 2]).sum(), plan[:, 4].sum()
+            # Insertions can split nodes: plan first, so that the nodes are reserved for the whole batch before
+            # anything changes.
+            first_new, extra, removed, found = plan_insertions(nodes, N, self._used, dk, dr, doff, ik, ir, ioff)
         else:
             # Deletions alone reserve nothing: no plan, the apply itself counts what it removed and found.
             first_new = torch.zeros(self.num_buckets, dtype=torch.int64, device=self.device)

@@ -2,7 +2,8 @@
 on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
 
 The keys are cut into key-range **chunks**; each chunk is a cgRX structure (``CgRXIndex`` over the chunk's keys,
-in global row order, so its local row order is the global one) plus a ``local -> global row`` map. Every chunk
+in global row order, so its local row order is the global one) plus a ``local -> global row`` map, or with
+``updatable=True`` the node chains of ``UpdatableCgRXIndex`` (see **Updates**). Every chunk
 lives in host memory (pinned where CUDA is available) as one contiguous blob; a **cache** on the fast device
 (``device``, the GPU) holds whole chunks, none twice, within a byte budget (``gpu_budget``).
 
@@ -44,17 +45,28 @@ are candidates), the tier rebuilt (its keys' rows fetched through the chunks, on
 would answer clearly more of a batch than the tier did; or given with :meth:`ChunkedIndex.warm`. Its memory
 (``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
 
-**Updates** (:meth:`ChunkedIndex.update`): each chunk a batch touches is rebuilt from its pairs plus the batch's
-insertions minus its deletions (cost: the touched chunks' sizes, not the batch's), a chunk that outgrew twice
-the chunk size is split, an emptied chunk is dropped, and the new chunks replace the old ones all at once only
-after every one of them was built: on any error the index is unchanged. Semantics are
-:meth:`UpdatableCgRXIndex.update`'s. (Not the node-based updatable cgRX per chunk: see the README.)
+**Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
+:meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
+insertions minus its deletions (cost: the touched chunks' sizes, not the batch's). With ``updatable=True`` each
+chunk holds :class:`UpdatableCgRXIndex`'s node chains (row IDs stored as offsets from the chunk's smallest, so
+global row order is chain order), and a chunk's share is planned and then applied in place: a batch costs its
+own size plus one pass over the touched chunks' node headers (the plan visits every bucket), with no sort, build
+or copy of a chunk, so a random batch over all chunks no longer rebuilds the whole index. A chunk is rebuilt
+instead when its share needs more nodes than its slack (``growth``), when it grows past twice the chunk size
+(unless it holds one key's run, which no cut can split), or when its rows span 2^32 or more (a row map, in
+global row order, that insertions cannot extend). Either way a chunk that outgrew twice the chunk size is split
+and an emptied one dropped. All-or-nothing: every touched
+chunk is planned (and rebuilt ones built) before anything changes; the in-place applies save the chains they
+touch first and restore them on any error; chunks are swapped and cached copies of changed chunks evicted only
+after every chunk succeeded.
 
 **Files** (:meth:`ChunkedIndex.save`, :meth:`ChunkedIndex.open`): a directory with one file per chunk and a
 manifest (sizes and CRC-32 of every chunk file) per generation, and ``CURRENT`` naming the live manifest. A save
 writes a new generation and then replaces ``CURRENT`` atomically, so a reader sees the old or the new state;
 the previous generation is kept for readers that opened it. Opening loads no chunk: each is read (and checked)
-on first use. A corrupt or truncated chunk file raises an error naming the file.
+on first use. A corrupt or truncated chunk file raises an error naming the file; a chunk file's header names its
+kind (sorted pairs or node chains), and the manifest of an updatable index is version 2 (version 1, which older
+code also reads, is written by the others).
 
 Without CUDA, or with ``device="cpu"``, the same code serves everything on the CPU; a positive ``gpu_budget``
 then makes the "cache" a second CPU copy, so the cache and the scheduler run as they do on a GPU (the tests).
@@ -76,16 +88,21 @@ import torch
 
 from ._base import VALUE_DTYPES, _ops, resolve_device
 from ._grouping import group_by
-from ._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
-from .cgrx import LAYOUTS, CgRXIndex
+from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
+from .cgrx import LAYOUTS, CgRXIndex, CgRXSearch
+from .cgrx_updatable import (UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_pairs, plan_insertions,
+                              ranks_within, sort_pairs)
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 
 TOP = -(2**63)  # XOR with this maps unsigned order (ordered keys) onto signed order (torch's sorts and searches)
 I64_MAX = 2**63 - 1
 _ALIGN = 256  # byte alignment of every tensor inside a chunk blob (and of cache slots)
-_MAGIC = b"RTXCHNK1"
+# A chunk file's first bytes say its kind: sorted cgRX pairs, or node chains (updatable=True).
+_MAGICS = {"pairs": b"RTXCHNK1", "nodes": b"RTXNODE1"}
 _FORMAT = "torch_rtindex.ChunkedIndex"
-_VERSION = 1
+# Version 2: an updatable index (node chunks); an index without updatable chunks still writes version 1, which
+# older readers open, and version 1 manifests read as updatable=False.
+_VERSIONS = (1, 2)
 _DTYPES = {"int32": torch.int32, "int64": torch.int64}
 PROCESSORS = ("auto", "gpu", "cpu")
 EVICTIONS = ("demand", "lru")
@@ -140,7 +157,7 @@ class _Chunk:
     """One key-range chunk: its host blob (or the file it is lazily read from) and what describes it."""
 
     def __init__(self, lo: int, n: int, base: int, kmin: int | None, kmax: int | None, specs: list[list], size: int,
-                 host: torch.Tensor | None, file: dict | None = None) -> None:
+                 host: torch.Tensor | None, file: dict | None = None, *, kind: str = "pairs", used: int = 0) -> None:
         self.lo = lo  # the range's first ordered key (int64 bit pattern); chunk 0's is ignored (it starts at 0)
         self.n, self.base, self.kmin, self.kmax = n, base, kmin, kmax
         self.specs, self.nbytes = specs, size
@@ -149,18 +166,25 @@ class _Chunk:
         self.heat = 0.0
         self.host_view: _View | None = None
         self.lock = threading.Lock()
+        self.kind = kind  # "pairs" (a CgRXIndex) or "nodes" (node chains, updated in place)
+        self.used = used  # nodes: the region's nodes in use (the rest is slack for updates)
 
 
 @dataclass
 class _View:
-    """A chunk's structure on one device: the CgRX index over its local rows and the local -> global row map."""
+    """A chunk's structure on one device: the cgRX index over its local rows and the local -> global row map."""
 
-    index: CgRXIndex
+    index: CgRXSearch  # CgRXIndex (pairs) or UpdatableCgRXIndex (nodes)
     l2g: torch.Tensor  # offsets from base: int32 holding unsigned 32-bit values, or int64
     base: int
+    # Node chunks whose rows span < 2^32 store each row's offset from base itself (no map): an update inserts
+    # a row by its offset, and the chains' (key, offset) order stays the (key, global row) order.
+    direct: bool = False
 
     def global_rows(self, local: torch.Tensor) -> torch.Tensor:
         """Local row IDs (all valid) as global ones."""
+        if self.direct:
+            return (local.to(torch.int64) & 0xFFFFFFFF) + self.base
         return self._widen(self.l2g.index_select(0, local)) + self.base
 
     @staticmethod
@@ -169,12 +193,18 @@ class _View:
         return wide & 0xFFFFFFFF if offsets.dtype == torch.int32 else wide
 
     def global_first(self, first: torch.Tensor) -> torch.Tensor:
-        if self.l2g.numel() == 0:
+        if self.l2g.numel() == 0 and not self.direct:
             return first
         return torch.where(first >= 0, self.global_rows(first.clamp(min=0)), first)
 
     def all_rows(self) -> torch.Tensor:
         return self._widen(self.l2g) + self.base
+
+    def local_values(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` (indexed by global row) indexed by the chunk's local rows."""
+        if self.direct:
+            return values[self.base :]  # a view: local row r is global row base + r
+        return values.index_select(0, self.all_rows()) if self.l2g.numel() else values[:0]
 
 
 # ------------------------------------------------------------------------------------------------ the cache
@@ -465,6 +495,12 @@ class ChunkedIndex:
         hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
         progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
             ``None``: when stderr is a terminal.
+        updatable: ``False`` (default): each chunk is a read-only cgRX index (sorted pairs), and an update
+            rebuilds every chunk it touches. ``True``: each chunk holds the node chains of
+            :class:`UpdatableCgRXIndex` (``bucket_size`` and ``layout`` then only shape the hot tier), and an
+            update applies in place to the chunks it touches (module doc, **Updates**).
+        node_size, growth: the node chunks' pairs per node (even, 2 .. 4096) and spare node space (a factor in
+            1 .. 16) reserved at each chunk's build for in-place updates (``updatable=True`` only).
 
     Lookups: :meth:`lookup`, :meth:`lookup_all`, :meth:`lookup_all_capped`, :meth:`range`, :meth:`range_capped`,
     :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate` with the answers :class:`CgRXIndex` gives
@@ -497,13 +533,17 @@ class ChunkedIndex:
         hot_keys: int | None = None,
         hot_sample: int = 1 << 20,
         progress: bool | None = None,
+        updatable: bool = False,
+        node_size: int = 32,
+        growth: float = 1.25,
     ) -> None:
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         self._configure(key_type=resolve_key_type(keys, key_type), key_dtype=keys.dtype, chunk_bytes=chunk_bytes,
                         gpu_budget=gpu_budget, device=device, bucket_size=bucket_size, layout=layout,
                         backend=backend, processors=processors, critical_mass=critical_mass, eviction=eviction,
-                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample,
+                        updatable=updatable, node_size=node_size, growth=growth)
         check_key_tensor(keys, "keys", dtype=self.key_dtype, device=keys.device)
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
             raise ValueError("keys contain NaN, which has no place in a key order; drop or replace those rows")
@@ -514,7 +554,13 @@ class ChunkedIndex:
 
     # ------------------------------------------------------------------------------------------ configuration
     def _configure(self, *, key_type, key_dtype, chunk_bytes, gpu_budget, device, bucket_size, layout, backend,
-                   processors, critical_mass, eviction, pipeline_depth, hot_keys, hot_sample) -> None:
+                   processors, critical_mass, eviction, pipeline_depth, hot_keys, hot_sample, updatable=False,
+                   node_size=32, growth=1.25) -> None:
+        if not isinstance(updatable, bool):
+            raise TypeError(f"updatable must be True or False, got {updatable!r}")
+        if isinstance(node_size, bool) or not isinstance(node_size, int) or not 2 <= node_size <= 4096 or node_size % 2:
+            raise ValueError(f"node_size must be an even integer in 2 .. 4096, got {node_size!r}")
+        self.updatable, self.node_size, self.growth = updatable, node_size, _check_growth(growth)
         if not isinstance(chunk_bytes, int) or chunk_bytes < 1024:
             raise ValueError(f"chunk_bytes must be an integer of at least 1024, got {chunk_bytes!r}")
         if not isinstance(bucket_size, int) or not 1 <= bucket_size <= 2**16:
@@ -595,6 +641,9 @@ class ChunkedIndex:
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
     def _bytes_per_key(self) -> float:
+        if self.updatable:  # a node per node_size / 2 pairs (half full), growth times that, reps, table
+            N = self.node_size
+            return (3 * N + 2) * 4 * 2 / N * self.growth + 16 / N + 1
         pair = 16 if self.layout == "aligned_row" else 12
         return pair + 4 + 8 / self.bucket_size + 1
 
@@ -712,6 +761,8 @@ class ChunkedIndex:
         """A chunk over (ordered key, global row) pairs (any order): its cgRX structure over the keys in row
         order, so that local row order is global row order, and the local -> global map."""
         self._maybe_fault("build_chunk")
+        if self.updatable:
+            return self._build_node_chunk(ordered, rows, lo)
         rows_sorted, perm = torch.sort(rows)
         k = ordered.index_select(0, perm).contiguous()
         n = k.numel()
@@ -730,6 +781,32 @@ class ChunkedIndex:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
         blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
         return _Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob)
+
+    def _build_node_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int) -> _Chunk:
+        """An updatable chunk: the node chains of :class:`UpdatableCgRXIndex` (bulk-loaded half full, slack
+        ``growth``) over the pairs. Rows spanning < 2^32 are stored as offsets from the smallest (no row map, so
+        updates insert in place); wider spans get local rows in global row order and an int64 map, and every
+        update of such a chunk rebuilds it."""
+        n = ordered.numel()
+        if n >= MAX_KEYS:
+            raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
+        kmin = kmax = None
+        base = last = 0
+        if n:
+            flipped = torch.aminmax(ordered ^ TOP)
+            kmin, kmax = int(flipped.min) ^ TOP, int(flipped.max) ^ TOP
+            span = torch.aminmax(rows)
+            base, last = int(span.min), int(span.max)
+        if last - base <= MAX_KEYS - 1:  # 2^32 - 1 is the node chains' "no row"
+            local, l2g = rows - base, torch.empty(0, dtype=torch.int64, device=rows.device)
+        else:
+            rows_sorted, perm = torch.sort(rows, stable=True)
+            ordered = ordered.index_select(0, perm)
+            local, l2g = torch.arange(n, device=rows.device), rows_sorted - base
+        nodes, reps, table, used = _ops().cgrx_nodes_load(ordered.contiguous(), local.to(torch.int32), self.node_size,
+                                                          self.growth)
+        blob, specs = _pack({"nodes": nodes, "reps": reps, "table": table, "l2g": l2g}, self._pin)
+        return _Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes", used=int(used))
 
     # ------------------------------------------------------------------------------------- chunk structures
     def _host(self, chunk: _Chunk) -> torch.Tensor:
@@ -756,6 +833,12 @@ class ChunkedIndex:
     def _view(self, chunk: _Chunk, buf: torch.Tensor) -> _View:
         t = _views(buf, chunk.specs)
         span = None if chunk.kmin is None else (chunk.kmin, chunk.kmax)
+        if chunk.kind == "nodes":  # looked up as UpdatableCgRXIndex does: layout "nodes" over the node region
+            index = UpdatableCgRXIndex._from_structure(
+                t["nodes"], t["reps"], t["table"], chunk.n, chunk.used, node_size=self.node_size,
+                key_type=self.key_type, key_dtype=self.key_dtype, key_span=span, num_values=0, backend=self.backend,
+            )
+            return _View(index, t["l2g"], chunk.base, direct=t["l2g"].numel() == 0)
         index = CgRXIndex._from_structure(
             t["pairs"], t["reps"], t["table"], chunk.n, key_type=self.key_type, key_dtype=self.key_dtype,
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
@@ -767,6 +850,10 @@ class ChunkedIndex:
         csrc/cgrx/cgrx_core.h)."""
         view = self._host_view(chunk)
         p, n = view.index._pairs, chunk.n
+        if chunk.kind == "nodes":  # chain order: (key, local row)
+            keys, local = _ops().cgrx_nodes_export(p, self.node_size, view.index.num_buckets)
+            local = local.to(torch.int64) & 0xFFFFFFFF
+            return keys.clone(), view.global_rows(local) if n else local
         if self.layout == "packed_row":
             w = p.view(-1, 3).to(torch.int64) & 0xFFFFFFFF
             keys, local = w[:, 0] | (w[:, 1] << 32), w[:, 2]
@@ -1296,8 +1383,7 @@ class ChunkedIndex:
             first, count = ops.cgrx_lookup(*args)
             return "first", view.global_first(first), count
         if batch.form == "aggregate" and batch.values.device == S:
-            local = batch.values.index_select(0, view.all_rows()) if view.l2g.numel() else batch.values[:0]
-            return ("agg", *ops.cgrx_aggregate(*args, local))
+            return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
         offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
         return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
 
@@ -1414,8 +1500,12 @@ class ChunkedIndex:
         a row ID removes one such pair, without row IDs every pair of its key; insertions without row IDs get the
         next free row IDs, returned as ``rows``; row IDs are int64 >= 0).
 
-        Every chunk the batch touches is rebuilt (module doc); the new chunks replace the old ones only after all
-        were built. All-or-nothing: on any error (bad input, out of memory) the index is unchanged.
+        The batch is routed to the chunks it touches. Read-only chunks are rebuilt; node chunks
+        (``updatable=True``) take their share in place, unless it needs more nodes than the chunk's slack, would
+        make it larger than twice ``chunk_bytes``, or holds row IDs 2^32 or more away from the chunk's smallest:
+        then that chunk is rebuilt (and split if it outgrew its size). All-or-nothing across chunks: on any error
+        (bad input, out of memory) the index is unchanged. :meth:`stats` counts ``chunks_updated_in_place`` and
+        ``chunks_rebuilt``.
         """
         ik, ir = self._side(insert_keys, insert_rows, "insert")
         dk, dr = self._side(delete_keys, delete_rows, "delete")
@@ -1429,26 +1519,39 @@ class ChunkedIndex:
         W = self._work_device(ik)  # chunks are rebuilt where the build sorts (the GPU where there is one)
         removed = absent = 0
         replace: dict[int, list[_Chunk]] = {}
+        in_place: list[_InPlace] = []
+        # ---- plan every touched chunk (nothing changes yet): an in-place plan, or the chunk rebuilt
         for c in touched:
             chunk = self._chunks[c]
-            keys, rows = self._decode(chunk)
             mi, md = ci == c, cd == c
-            allk, allr = torch.cat([keys, ik[mi]]), torch.cat([rows, ir[mi]])
-            del_k = dk[md]
-            if dr is None:
-                gone = torch.isin(allk, del_k)
-                absent += int((~torch.isin(del_k, allk)).sum())
-                removed += int(gone.sum())
-            else:
-                gone, r_rm, r_abs = _remove_pairs(allk, allr, del_k, dr[md])
-                removed, absent = removed + r_rm, absent + r_abs
-            keep = ~gone
-            allk, allr = allk[keep], allr[keep]
+            side = (ik[mi], ir[mi], dk[md], None if dr is None else dr[md])
+            planned = self._plan_in_place(chunk, *side, T) if self.updatable else None
+            if planned is not None:
+                in_place.append(planned)
+                continue
+            allk, allr, c_removed, c_absent = self._merged(chunk, *side)
+            removed, absent = removed + c_removed, absent + c_absent
             replace[c] = self._rebuilt(chunk, allk.to(W), allr.to(W), T)
         if W.type == "cuda":
             torch.cuda.current_stream(W).synchronize()  # the new blobs were copied out asynchronously
-        self._maybe_fault("commit")
-        # ---- commit: nothing above changed the index
+        # ---- apply in place, undoably. Undo log rather than copy-on-write: only the chains of the buckets a
+        # batch touches change (new nodes come from slack no chain reaches), so saving those nodes costs about
+        # the batch, where copying the touched chunks would cost their whole size, like a rebuild's copy.
+        undo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        try:
+            for p in in_place:
+                self._maybe_fault("apply_chunk")
+                undo.append(p.snapshot())
+                c_removed, c_absent = p.apply()
+                removed, absent = removed + c_removed, absent + c_absent
+            self._maybe_fault("commit")
+        except BaseException:
+            for grid, ids, saved in reversed(undo):
+                grid.index_copy_(0, ids, saved)
+            raise
+        # ---- commit: nothing above changed what the index answers, and nothing below can fail
+        for p in in_place:
+            p.commit()
         new_chunks: list[_Chunk] = []
         for c, chunk in enumerate(self._chunks):
             new_chunks.extend(replace.get(c, [chunk]))
@@ -1456,10 +1559,13 @@ class ChunkedIndex:
             nonempty = [ch for ch in new_chunks if ch.n]
             new_chunks = nonempty or new_chunks[:1]
         if self._cache is not None:
-            for c in replace:
-                if self._chunks[c] in self._cache:
-                    self._cache.evict(self._chunks[c])
+            for old in [self._chunks[c] for c in replace] + [p.chunk for p in in_place]:
+                if old in self._cache:  # a changed chunk's cached copy would answer stale: copied in again on use
+                    self._cache.evict(old)
         self._set_chunks(new_chunks)
+        with self._stats_lock:
+            self._stats["chunks_updated_in_place"] += len(in_place)
+            self._stats["chunks_rebuilt"] += len(replace)
         self._n += n_ins - removed
         if fresh:
             self._next_row += n_ins
@@ -1473,6 +1579,81 @@ class ChunkedIndex:
         self._check_budget_after_update()
         rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
         return UpdateResult(inserted=n_ins, deleted=removed, absent=absent, rows=rows_out)
+
+    def _plan_in_place(self, chunk: _Chunk, ik, ir, dk, dr, T: int) -> "_InPlace | None":
+        """A node chunk's share of a batch planned for an in-place apply (as :meth:`UpdatableCgRXIndex.update`
+        plans it: cancellation, then cgrx_nodes_plan), changing nothing; None when the chunk must be rebuilt
+        instead: rows outside its 32-bit window of offsets, more new nodes than its slack, or more than 2T keys."""
+        if chunk.kind != "nodes":
+            return None
+        self._maybe_fault("plan_chunk")
+        view = self._host_view(chunk)
+        if not view.direct:  # rows spanning 2^32 or more sit behind a row map in global row order
+            return None
+        idx, base, ops = view.index, chunk.base, _ops()
+        io = ir - base
+        if io.numel() and bool(((io < 0) | (io > MAX_KEYS - 1)).any()):
+            return None
+        found_by_key, cancelled = None, 0
+        if dr is None and dk.numel() and ik.numel():
+            # By key next to insertions: absent = in neither the chunk nor the insertions (which cancel below).
+            found_by_key = (ops.cgrx_lookup(*idx._lead, idx._cfg_ordered, dk, None)[1] > 0) | torch.isin(dk, ik)
+        if ik.numel() and dk.numel():
+            if dr is not None:
+                keep_ins, keep_del = cancel_pairs(ik, ir, dk, dr)
+            else:
+                keep_ins, keep_del = ~torch.isin(ik, dk), torch.ones_like(dk, dtype=torch.bool)
+            cancelled = int(ik.numel() - keep_ins.sum())
+            ik, io, dk = ik[keep_ins], io[keep_ins], dk[keep_del]
+            dr = None if dr is None else dr[keep_del]
+        far, do = 0, None
+        if dr is not None:  # a row outside the window is in no pair of the chunk: absent
+            do = dr - base
+            near = (do >= 0) & (do <= MAX_KEYS - 1)
+            far = int((~near).sum())
+            dk, do = dk[near], do[near]
+        ik, io = sort_pairs(ik, io)
+        dk, do = sort_pairs(dk, do)
+        ioff = bucket_offsets(idx._reps, idx._table, ik)
+        doff = bucket_offsets(idx._reps, idx._table, dk)
+        ir32 = io.to(torch.int32).contiguous()
+        dr32 = None if do is None else do.to(torch.int32).contiguous()
+        N, nodes = self.node_size, idx._pairs
+        extra, removed, found = 0, None, None
+        if ik.numel():
+            first_new, *planned = plan_insertions(nodes, N, chunk.used, dk, dr32, doff, ik, ir32, ioff)
+            extra, removed, found = torch.stack(planned).tolist()
+            if chunk.used + extra > nodes.numel() // (3 * N + 2):
+                return None  # its slack is spent: rebuilt, with fresh slack
+            n_after = chunk.n + ik.numel() - removed
+            # Growing past twice the chunk size: rebuilt and split. A chunk that already was that large and
+            # does not grow stays (a rebuild would not make it smaller), as does a run of one key (no cut
+            # falls inside it).
+            one_key = chunk.kmin == chunk.kmax == int(ik[0]) == int(ik[-1])
+            if n_after > 2 * T and n_after > chunk.n and not one_key:
+                return None
+        else:  # deletions alone reserve nothing (the apply counts what they removed)
+            first_new = torch.zeros(idx.num_buckets, dtype=torch.int64)
+        kmin, kmax = chunk.kmin, chunk.kmax
+        if ik.numel():  # sorted: the first and last insertions are the smallest and largest
+            lo, hi = int(ik[0]), int(ik[-1])
+            kmin = lo if kmin is None or (lo ^ TOP) < (kmin ^ TOP) else kmin
+            kmax = hi if kmax is None or (hi ^ TOP) > (kmax ^ TOP) else kmax
+        return _InPlace(chunk, nodes, N, dk, dr32, doff, ik, ir32, ioff, first_new, chunk.used + extra, (kmin, kmax),
+                        cancelled, removed, found, None if found_by_key is None else int((~found_by_key).sum()), far)
+
+    def _merged(self, chunk: _Chunk, ik, ir, dk, dr) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """The chunk's pairs plus its insertions minus its deletions (what a rebuild builds), and the pairs
+        removed and the deletions absent."""
+        keys, rows = self._decode(chunk)
+        allk, allr = torch.cat([keys, ik]), torch.cat([rows, ir])
+        if dr is None:
+            gone = torch.isin(allk, dk)
+            absent, removed = int((~torch.isin(dk, allk)).sum()), int(gone.sum())
+        else:
+            gone, removed, absent = _remove_pairs(allk, allr, dk, dr)
+        keep = ~gone
+        return allk[keep], allr[keep], removed, absent
 
     def _rebuilt(self, chunk: _Chunk, keys: torch.Tensor, rows: torch.Tensor, T: int) -> list[_Chunk]:
         """The chunk (range start kept) over new pairs, split into chunks of about T keys (between distinct
@@ -1517,6 +1698,8 @@ class ChunkedIndex:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         entries, files = [], []
+        # Version 2 where node chunks are (or will be made): older readers open the rest.
+        nodes = self.updatable or any(c.kind == "nodes" for c in self._chunks)
         for i, chunk in enumerate(self._chunks):
             fname = f"chunk-{i:06d}.bin"
             path = os.path.join(tmp, fname)
@@ -1527,23 +1710,29 @@ class ChunkedIndex:
                     shutil.copyfile(chunk.file["path"], path)
                 crc = chunk.file["crc32"]
             else:
-                crc = _write_chunk_file(path, self._host(chunk))
-            entries.append({"file": f"{name}/{fname}", "size": chunk.nbytes, "crc32": crc, "n": chunk.n,
-                            "lo": chunk.lo, "base": chunk.base, "kmin": chunk.kmin, "kmax": chunk.kmax,
-                            "specs": chunk.specs})
+                crc = _write_chunk_file(path, self._host(chunk), chunk.kind)
+            entry = {"file": f"{name}/{fname}", "size": chunk.nbytes, "crc32": crc, "n": chunk.n,
+                     "lo": chunk.lo, "base": chunk.base, "kmin": chunk.kmin, "kmax": chunk.kmax,
+                     "specs": chunk.specs}
+            if nodes:
+                entry.update(kind=chunk.kind, used=chunk.used)
+            entries.append(entry)
             files.append((chunk, fname, crc))
         manifest = {
-            "format": _FORMAT, "version": _VERSION, "generation": g, "key_type": self.key_type,
+            "format": _FORMAT, "version": 2 if nodes else 1, "generation": g, "key_type": self.key_type,
             "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
             "rows_are_positions": self._rows_are_positions, "chunk_bytes": self.chunk_bytes,
             "bucket_size": self.bucket_size, "layout": self.layout, "backend": self.backend, "chunks": entries,
         }
+        if nodes:
+            manifest.update(updatable=self.updatable, node_size=self.node_size, growth=self.growth)
         _fsync_dir(tmp)
         os.replace(tmp, os.path.join(directory, name))
         _atomic_write(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
         _atomic_write(os.path.join(directory, "CURRENT"), (name + ".json\n").encode())
         for chunk, fname, crc in files:
-            chunk.file = {"path": os.path.join(directory, name, fname), "size": chunk.nbytes, "crc32": crc}
+            chunk.file = {"path": os.path.join(directory, name, fname), "size": chunk.nbytes, "crc32": crc,
+                          "kind": chunk.kind}
         for old in gens:
             if old < g - 1:
                 shutil.rmtree(os.path.join(directory, f"gen-{old:06d}"), ignore_errors=True)
@@ -1556,9 +1745,13 @@ class ChunkedIndex:
     def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
              device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,
              eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
-             hot_sample: int = 1 << 20) -> "ChunkedIndex":
+             hot_sample: int = 1 << 20, updatable: bool | None = None) -> "ChunkedIndex":
         """The index saved in ``directory`` (its current generation), without a rebuild: chunk files are read
-        lazily, on first use, and checked then (size and CRC-32)."""
+        lazily, on first use, and checked then (size and CRC-32). ``updatable``: ``None`` (default) as saved;
+        ``True`` / ``False`` switch the kind of chunk that updates make: each chunk keeps its saved kind (both
+        kinds answer alike) until an update touches it, which then makes it a node chunk or a rebuilt one."""
+        if updatable is not None and not isinstance(updatable, bool):
+            raise TypeError(f"updatable must be None (as saved), True or False, got {updatable!r}")
         directory = os.fspath(directory)
         try:
             with open(os.path.join(directory, "CURRENT")) as f:
@@ -1567,17 +1760,22 @@ class ChunkedIndex:
                 m = json.load(f)
         except (OSError, ValueError) as e:
             raise ValueError(f"{directory} holds no readable ChunkedIndex (CURRENT and its manifest): {e}") from e
-        if m.get("format") != _FORMAT or m.get("version") != _VERSION:
-            raise ValueError(f"{mpath} is not a {_FORMAT} manifest of version {_VERSION}")
+        if m.get("format") != _FORMAT or m.get("version") not in _VERSIONS:
+            raise ValueError(f"{mpath} is not a {_FORMAT} manifest of a version this code reads {_VERSIONS}")
         self = cls.__new__(cls)
         self._configure(key_type=m["key_type"], key_dtype=getattr(torch, m["key_dtype"]), chunk_bytes=m["chunk_bytes"],
                         gpu_budget=gpu_budget, device=device, bucket_size=m["bucket_size"], layout=m["layout"],
                         backend=m["backend"], processors=processors, critical_mass=critical_mass, eviction=eviction,
-                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample)
+                        pipeline_depth=pipeline_depth, hot_keys=hot_keys, hot_sample=hot_sample,
+                        updatable=m.get("updatable", False) if updatable is None else updatable,
+                        node_size=m.get("node_size", 32),
+                        growth=m.get("growth", 1.25))
         chunks = []
         for e in m["chunks"]:
-            file = {"path": os.path.join(directory, e["file"]), "size": e["size"], "crc32": e["crc32"]}
-            chunks.append(_Chunk(e["lo"], e["n"], e["base"], e["kmin"], e["kmax"], e["specs"], e["size"], None, file))
+            file = {"path": os.path.join(directory, e["file"]), "size": e["size"], "crc32": e["crc32"],
+                    "kind": e.get("kind", "pairs")}
+            chunks.append(_Chunk(e["lo"], e["n"], e["base"], e["kmin"], e["kmax"], e["specs"], e["size"], None, file,
+                                 kind=e.get("kind", "pairs"), used=e.get("used", 0)))
         self._set_chunks(chunks)
         self._n, self._next_row, self._rows_are_positions = m["n"], m["next_row"], m["rows_are_positions"]
         self._setup_tiers()
@@ -1591,7 +1789,8 @@ class ChunkedIndex:
         self._stats = {
             "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "hot_rebuilds": 0, "queries_gpu": 0,
             "queries_cpu": 0, "chunk_hits": 0, "chunk_misses": 0, "evictions": 0, "bytes_copied": 0,
-            "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0,
+            "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0, "chunks_updated_in_place": 0,
+            "chunks_rebuilt": 0,
             "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
@@ -1624,9 +1823,11 @@ class ChunkedIndex:
         """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
         one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
         GPU's queues, evictions, bytes copied into the cache (and by the one-time calibration) and read from
-        disk, hot-tier hits and rebuilds, the rates and the plan (queries per processor) of the last chunk batch, seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as
-        timed on the copy stream, merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot
-        tier's current contents, and ``last_batch``: the same counters and seconds for the last call alone."""
+        disk, hot-tier hits and rebuilds, chunks updated in place (``chunks_updated_in_place``) and rebuilt
+        (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
+        seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as timed on the copy stream,
+        merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot tier's current
+        contents, and ``last_batch``: the same counters and seconds for the last call alone."""
         s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
@@ -1653,13 +1854,69 @@ class ChunkedIndex:
         return n
 
     def chunk_info(self) -> list[dict[str, Any]]:
-        """Per chunk: keys, bytes, first ordered key of its range, whether it is loaded and cached."""
+        """Per chunk: keys, bytes, first ordered key of its range, whether it is loaded and cached, its kind
+        (``"pairs"`` or ``"nodes"``)."""
         return [{"n": c.n, "bytes": c.nbytes, "lo": c.lo, "loaded": c.host is not None,
-                 "cached": self._cache is not None and c in self._cache} for c in self._chunks]
+                 "cached": self._cache is not None and c in self._cache, "kind": c.kind} for c in self._chunks]
 
     def __repr__(self) -> str:
         return (f"ChunkedIndex(keys={self._n}, key_type={self.key_type}, chunks={len(self._chunks)}, "
                 f"device={self.device}, gpu_budget={self.gpu_budget}, bytes={sum(c.nbytes for c in self._chunks)})")
+
+
+@dataclass
+class _InPlace:
+    """One node chunk's share of an update batch, planned (:meth:`ChunkedIndex._plan_in_place`): sorted by
+    (key, row offset), sliced by bucket, nodes reserved from the chunk's slack."""
+
+    chunk: _Chunk
+    nodes: torch.Tensor  # the node region inside the chunk's host blob
+    node_size: int
+    dk: torch.Tensor
+    dr: torch.Tensor | None
+    doff: torch.Tensor
+    ik: torch.Tensor
+    ir: torch.Tensor
+    ioff: torch.Tensor
+    first_new: torch.Tensor
+    used: int  # nodes in use after the batch
+    span: tuple[int | None, int | None]  # (kmin, kmax) after the insertions; deletions leave it wider (harmless)
+    cancelled: int  # insertions cancelled by deletions of the batch, counted as deleted
+    removed: int | None  # pairs the deletions remove, from the plan (None: deletions alone, counted by the apply)
+    found: int | None
+    absent_by_key: int | None  # deletions by key next to insertions: known before the apply
+    far: int  # deletions whose row lies outside the chunk's window: absent
+    n_after: int = 0
+
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The nodes the apply can change (every node of the touched buckets' chains; reserved nodes come from
+        slack that no chain reaches) and a copy of them: (node grid, node ids, saved nodes)."""
+        N = self.node_size
+        grid = self.nodes.view(-1, 3 * N + 2)
+        cur = torch.nonzero((self.ioff[1:] > self.ioff[:-1]) | (self.doff[1:] > self.doff[:-1])).reshape(-1)
+        ids = [cur]
+        while cur.numel():  # one step along every chain at once (kNoNode reads as -1)
+            nxt = grid[:, 3 * N + 1].index_select(0, cur).to(torch.int64)
+            cur = nxt[nxt >= 0]
+            ids.append(cur)
+        ids_t = torch.cat(ids)
+        return grid, ids_t, grid.index_select(0, ids_t)
+
+    def apply(self) -> tuple[int, int]:
+        """Applies the batch in place; returns (pairs deleted, deletions absent)."""
+        applied = _ops().cgrx_nodes_apply(self.nodes, self.node_size, self.dk, self.dr, self.doff, self.ik, self.ir,
+                                          self.ioff, self.first_new)
+        removed, found = (self.removed, self.found) if self.removed is not None else applied.sum(0).tolist()
+        absent = self.absent_by_key if self.absent_by_key is not None else self.dk.numel() - found + self.far
+        self.n_after = self.chunk.n + self.ik.numel() - removed
+        return removed + self.cancelled, absent
+
+    def commit(self) -> None:
+        c = self.chunk
+        c.n, c.used = self.n_after, self.used
+        c.kmin, c.kmax = self.span if self.n_after else (None, None)
+        c.host_view = None  # made again on use: its index's sizes and key span are the old ones
+        c.file = None  # the blob no longer matches its saved file: the next save writes it
 
 
 @dataclass
@@ -1731,15 +1988,6 @@ def _combine_csr(q: int, parts: list, D: torch.device) -> tuple[torch.Tensor, to
     return offsets, out
 
 
-def _ranks_within(groups: torch.Tensor) -> torch.Tensor:
-    """For each element, how many earlier elements share its group id."""
-    order = torch.argsort(groups, stable=True)
-    sg = groups[order]
-    ranks = torch.empty_like(groups)
-    ranks[order] = torch.arange(groups.numel()) - torch.searchsorted(sg, sg)
-    return ranks
-
-
 def _remove_pairs(keys, rows, del_k, del_r) -> tuple[torch.Tensor, int, int]:
     """Multiset deletion of (key, row) pairs: which of (keys, rows) go, how many, and how many deletions found
     nothing (each deletion removes one copy)."""
@@ -1754,7 +2002,7 @@ def _remove_pairs(keys, rows, del_k, del_r) -> tuple[torch.Tensor, int, int]:
     G = int(groups.max()) + 1
     present, wanted = torch.bincount(gp, minlength=G), torch.bincount(gd, minlength=G)
     matched = torch.minimum(present, wanted)
-    gone[cand[_ranks_within(gp) < matched[gp]]] = True
+    gone[cand[ranks_within(gp) < matched[gp]]] = True
     return gone, int(matched.sum()), int((wanted - matched).sum())
 
 
@@ -1815,9 +2063,9 @@ def _atomic_write(path: str, data: bytes) -> None:
     _fsync_dir(os.path.dirname(path) or ".")
 
 
-def _write_chunk_file(path: str, blob: torch.Tensor) -> int:
-    """Header (magic, payload size) and the blob; returns the CRC-32 of the whole file."""
-    header = _MAGIC + blob.numel().to_bytes(8, "little")
+def _write_chunk_file(path: str, blob: torch.Tensor, kind: str = "pairs") -> int:
+    """Header (magic of the chunk's kind, payload size) and the blob; returns the CRC-32 of the whole file."""
+    header = _MAGICS[kind] + blob.numel().to_bytes(8, "little")
     data = memoryview(blob.numpy())
     with open(path, "wb") as f:
         f.write(header)
@@ -1844,8 +2092,10 @@ def _read_chunk_file(file: dict | None, size: int, pin: bool) -> torch.Tensor:
     with open(path, "rb") as f:
         header = f.read(16)
         got = f.readinto(memoryview(buf.numpy()))
-    if got != size or header[:8] != _MAGIC or int.from_bytes(header[8:], "little") != size:
-        raise ValueError(f"ChunkedIndex chunk file {path} is corrupt: bad header or short read")
+    magic = _MAGICS[file.get("kind", "pairs")]
+    if got != size or header[:8] != magic or int.from_bytes(header[8:], "little") != size:
+        raise ValueError(f"ChunkedIndex chunk file {path} is corrupt: bad header (not a {file.get('kind', 'pairs')} "
+                         "chunk) or short read")
     crc = zlib.crc32(memoryview(buf.numpy()), zlib.crc32(header))
     if crc != file["crc32"]:
         raise ValueError(
