@@ -65,6 +65,17 @@ def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**4
     check_capped(index.lookup_all_capped(q.to(device), cap), tuple(cg.lookup_all(q)), cap, exact_prefix=True)
 
 
+def test_point_queues_by_id_where_the_partition_operator_declines(gen, monkeypatch):
+    """Point batches are grouped by partition_queries; with more chunks than it takes on CUDA, by chunk id
+    (group_by): both give the same queues' answers."""
+    import torch_rtindex.chunked as chunked_module
+
+    keys = int64_keys("duplicates", 3000, gen)
+    index = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
+    monkeypatch.setattr(chunked_module, "partition_points", lambda *a, **k: None)
+    check_all_forms(index, keys, "int64", gen, "cpu", n_q=300, widths=(5,))
+
+
 @pytest.mark.parametrize("kind", ["uniform", "duplicates", "clustered", "narrow"])
 @pytest.mark.parametrize("processors", ["auto", "gpu", "cpu"])
 def test_every_form_matches_reference_and_cgrx(device, gen, kind, processors):

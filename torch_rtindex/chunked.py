@@ -7,8 +7,10 @@ in global row order, so its local row order is the global one) plus a ``local ->
 lives in host memory (pinned where CUDA is available) as one contiguous blob; a **cache** on the fast device
 (``device``, the GPU) holds whole chunks, none twice, within a byte budget (``gpu_budget``).
 
-A lookup batch is **partitioned** by chunk on the queries' device in one pass (chunk id by a binary search over the
-chunk boundaries, a stable sort by chunk id, counts): one **queue** per chunk. A range that spans chunks becomes one
+A lookup batch is **partitioned** by chunk on the queries' device: a point batch in one operator
+(``partition_queries``, the sharded index's routing: chunk id by a binary search over the chunk boundaries,
+counts, scatter), a range batch by its pieces' chunk ids (a stable sort by chunk id, counts): one **queue** per
+chunk. A range that spans chunks becomes one
 piece per chunk. Two processors then serve the queues at the same time: the GPU (the calling thread: a chunk not
 in the cache is copied in on a copy stream, overlapping the lookups of the previous one; at most
 ``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
@@ -87,7 +89,7 @@ from typing import Any
 import torch
 
 from ._base import VALUE_DTYPES, _ops, resolve_device
-from ._grouping import group_by
+from ._grouping import group_by, partition_points
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from .cgrx import LAYOUTS, CgRXIndex, CgRXSearch
 from .cgrx_updatable import (UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_pairs, plan_insertions,
@@ -1190,23 +1192,29 @@ class ChunkedIndex:
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
         # ---- partition: one piece per (query, chunk it needs), in query-major order, then grouped by chunk
-        if qhi is None:
-            piece_q = None
-            pchunk = self._chunk_of(qlo)
-            P = q
+        piece_q, P = None, q
+        # Point queries in one pass where the operator takes this many chunks: chunk ids, counts, scatter.
+        grouped = None if qhi is not None else partition_points(qlo, KEY_TYPES["uint64"], self._bounds(D) ^ TOP)
+        if grouped is not None:
+            s_lo, order, counts = grouped
+            counts = counts[0].tolist()
+            sq, s_hi = order, None  # the query of each queue entry
         else:
-            clo = self._chunk_of(qlo)
-            chi = self._chunk_of(qhi)
-            npieces = (chi - clo + 1).clamp(min=0)
-            P = int(npieces.sum())
-            piece_q = torch.repeat_interleave(torch.arange(q, device=D), npieces, output_size=P)
-            first_piece = torch.cumsum(npieces, 0) - npieces
-            pchunk = clo.index_select(0, piece_q) + torch.arange(P, device=D) - first_piece.index_select(0, piece_q)
-        order, counts = group_by(pchunk, len(self._chunks))
-        counts = counts.tolist()
-        sq = order if piece_q is None else piece_q.index_select(0, order)  # the query of each queue entry
-        s_lo = qlo.index_select(0, sq)
-        s_hi = None if qhi is None else qhi.index_select(0, sq)
+            if qhi is None:
+                pchunk = self._chunk_of(qlo)
+            else:
+                clo = self._chunk_of(qlo)
+                chi = self._chunk_of(qhi)
+                npieces = (chi - clo + 1).clamp(min=0)
+                P = int(npieces.sum())
+                piece_q = torch.repeat_interleave(torch.arange(q, device=D), npieces, output_size=P)
+                first_piece = torch.cumsum(npieces, 0) - npieces
+                pchunk = clo.index_select(0, piece_q) + torch.arange(P, device=D) - first_piece.index_select(0, piece_q)
+            order, counts = group_by(pchunk, len(self._chunks))
+            counts = counts.tolist()
+            sq = order if piece_q is None else piece_q.index_select(0, order)  # the query of each queue entry
+            s_lo = qlo.index_select(0, sq)
+            s_hi = None if qhi is None else qhi.index_select(0, sq)
         gpu_on, cpu_on = self._processors()
         cache = self._cache
         tasks, start = [], 0

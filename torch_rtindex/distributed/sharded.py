@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _extension
-from .._grouping import group_by
+from .._grouping import MAX_CUDA_BUCKETS, group_by
 from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from ..cgrx import CgRXIndex
 from ..cgrx_updatable import UpdatableCgRXIndex
@@ -34,7 +34,6 @@ _I64_MAX = 2**63 - 1
 _FAILED = -2  # an answer slot of an owner whose local lookup failed (no real answer is ever -2)
 # Point lookups on CUDA go out in this many chunks by default, so that exchanges overlap local lookups.
 DEFAULT_CUDA_PIPELINE = 4
-_MAX_CUDA_BUCKETS = 2048  # chunks x ranks that partition_queries takes on CUDA (csrc/distributed/partition_checks.h)
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -655,9 +654,9 @@ class ShardedIndex:
         every rank: the pipeline setting is agreed in the call header."""
         if self.device.type != "cuda":
             return self.pipeline
-        if self.world > _MAX_CUDA_BUCKETS:
+        if self.world > MAX_CUDA_BUCKETS:
             return 0
-        return max(1, min(self.pipeline, _MAX_CUDA_BUCKETS // self.world))
+        return max(1, min(self.pipeline, MAX_CUDA_BUCKETS // self.world))
 
     def _points(self, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dtype, chunks: int,
                 st: _Stages):
