@@ -1,6 +1,7 @@
 """ChunkedIndex out of core: an index four times its GPU cache budget, lookups uniform and Zipf-skewed, next to
-the same keys in GPU memory (CgRXIndex, the in-core time), CPU-only serving, GPU-only serving, and the copy floor
-(the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
+the same keys in GPU memory (CgRXIndex, the in-core time), CPU-only serving, GPU-only serving, the GPU's kernels
+reading the pinned host chunks directly (zero-copy, up to 2^--zero-copy-max-log-lookups lookups), and the copy
+floor (the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
 
 Every answer is checked (against the in-core index where it was built, else against the keys themselves and
 across serving modes) before its time is reported. Prints a table, writes JSON to
@@ -95,6 +96,8 @@ def main() -> None:
                     help="fresh batches per mode before the timed ones (the cache and the hot tier learn)")
     ap.add_argument("--cpu-max-log-lookups", type=int, default=24,
                     help="CPU-only serving runs for batches up to 2^this (it is the slow one)")
+    ap.add_argument("--zero-copy-max-log-lookups", type=int, default=24,
+                    help="largest batch (log2) timed with the GPU reading host memory directly (slow)")
     ap.add_argument("--pcie-gbs", type=float, default=55.0, help="copy rate of the copy floor, GB/s (H100: 55)")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
@@ -197,10 +200,13 @@ def main() -> None:
             # chunked: GPU and CPU with the hot tier; no_hot: the chunks alone (skewed batches only);
             # gpu_only / cpu_only: one side serving (cpu_only without the hot tier)
             modes = [("chunked", "auto", True)] + ([("no_hot", "auto", False)] if s else [])
+            # zero_copy: the GPU's kernels read the pinned host chunks directly (no cache, no copies)
             modes += [("gpu_only", "gpu", True), ("cpu_only", "cpu", False)]
+            modes += [("zero_copy", "zero_copy", False)] if cuda else []
             for mode, procs, hot in modes:
-                if mode == "cpu_only" and log_m > args.cpu_max_log_lookups:
-                    run = {"mode": mode, "dist": dist, "log_lookups": log_m, "skipped": f"batch > 2^{args.cpu_max_log_lookups}"}
+                limit = {"cpu_only": args.cpu_max_log_lookups, "zero_copy": args.zero_copy_max_log_lookups}.get(mode)
+                if limit is not None and log_m > limit:
+                    run = {"mode": mode, "dist": dist, "log_lookups": log_m, "skipped": f"batch > 2^{limit}"}
                     result["runs"].append(run)
                     continue
                 index.processors = procs
@@ -209,8 +215,8 @@ def main() -> None:
                 index.reset_stats()
                 per_batch, ok = [], True
                 for i, pos in enumerate(pos_all):
-                    if mode == "cpu_only" and i > args.train_batches:
-                        break  # the slow one: one timed batch
+                    if mode in ("cpu_only", "zero_copy") and i > args.train_batches:
+                        break  # the slow ones: one timed batch
                     q = keys.index_select(0, pos).to(dev)
                     ms, res = run_timed(lambda: index.lookup(q), dev, 1, warmup=0)
                     last = index.stats()["last_batch"]

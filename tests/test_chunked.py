@@ -675,6 +675,11 @@ def test_clear_errors(gen):
     index.processors = "both"
     with pytest.raises(ValueError, match="processors"):
         index.lookup(keys[:3])
+    index.processors = "zero_copy"  # the GPU reading pinned host memory: a CUDA index only
+    with pytest.raises(ValueError, match="zero_copy.*CUDA"):
+        index.lookup(keys[:3])
+    index.processors = "auto"
+    assert index.lookup(keys[:3]).count.tolist() == [1, 1, 1]
     assert "ChunkedIndex(keys=505" in repr(index) and index.memory()["chunks"] > 0
 
 
@@ -806,6 +811,22 @@ def test_cuda_index_with_cpu_queries_and_cpu_index_with_cuda_queries(gen, proces
             assert torch.equal(m.rows.cpu(), cg.range(lo, hi).rows)
             agg = index.range_aggregate(lo.to(query_device), hi.to(query_device), values.to(query_device))
             torch.testing.assert_close(agg.sum.cpu(), cg.range_aggregate(lo, hi, values).sum)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("updatable", [False, True])
+def test_zero_copy_serving_matches_cgrx(gen, updatable):
+    """processors='zero_copy': the kernels read the pinned host chunks directly; the same answers, nothing cached."""
+    keys = int64_keys("duplicates", 3000, gen)
+    index = chunked(keys, "cuda", gpu_budget=DUP_BUDGET, updatable=updatable, processors="zero_copy", hot_keys=0)
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=300)
+    s = index.stats()
+    assert s["queries_cpu"] == 0 and s["chunk_misses"] == 0 and s["queries_gpu"] > 0
+    if updatable:  # an in-place update is seen through the mapped view at once
+        new_key = int(keys.max()) + 1 if int(keys.max()) < 2**63 - 1 else int(keys.min()) - 1
+        index.insert(torch.tensor([new_key], device="cuda"), torch.tensor([keys.numel()], device="cuda"))
+        got = index.lookup(torch.tensor([new_key], device="cuda"))
+        assert got.first_row.tolist() == [keys.numel()] and got.count.tolist() == [1]
 
 
 def test_a_chunk_grown_past_the_cache_is_served_by_the_cpu():

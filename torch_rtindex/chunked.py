@@ -106,7 +106,7 @@ _FORMAT = "torch_rtindex.ChunkedIndex"
 # older readers open, and version 1 manifests read as updatable=False.
 _VERSIONS = (1, 2)
 _DTYPES = {"int32": torch.int32, "int64": torch.int64}
-PROCESSORS = ("auto", "gpu", "cpu")
+PROCESSORS = ("auto", "gpu", "cpu", "zero_copy")
 EVICTIONS = ("demand", "lru")
 # The hot tier's reservation per key of capacity: a candidate (key and score, 12 bytes) and about one
 # (key, row ID) pair of the tier's index (cgRX pair, representatives and row map, at most HOT_BYTES_PER_PAIR).
@@ -167,9 +167,23 @@ class _Chunk:
         self.file = file  # {"path", "size", "crc32"} when the chunk is (also) in a saved directory
         self.heat = 0.0
         self.host_view: _View | None = None
+        self.mapped_view: _View | None = None  # processors="zero_copy": the host blob as the GPU addresses it
         self.lock = threading.Lock()
         self.kind = kind  # "pairs" (a CgRXIndex) or "nodes" (node chains, updated in place)
         self.used = used  # nodes: the region's nodes in use (the rest is slack for updates)
+
+
+class _Mapped:
+    """A pinned host tensor presented through ``__cuda_array_interface__`` (its address is valid on the GPU), so
+    that ``torch.as_tensor(_Mapped(t), device="cuda")`` aliases it as a CUDA tensor; the tensor made keeps this
+    object, and so ``t``, alive."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        if not t.is_pinned():
+            raise ValueError("a zero-copy view needs pinned host memory")
+        self.t = t
+        self.__cuda_array_interface__ = {"shape": (t.numel(),), "typestr": "|u1", "data": (t.data_ptr(), False),
+                                         "version": 3}
 
 
 @dataclass
@@ -484,8 +498,10 @@ class ChunkedIndex:
         backend: ``"radix"`` (default) or ``"binary_search"``: representative searches whose structure is plain
             data that can be copied between devices (an OptiX scene is bound to a device address).
         processors: ``"auto"`` (GPU and CPU together where there is a cache, else the CPU), ``"gpu"`` (the cache
-            only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU) or
-            ``"cpu"`` (the host copies only). An attribute: change it between batches.
+            only, every chunk copied in as needed; a chunk larger than the cache is still answered by the CPU),
+            ``"cpu"`` (the host copies only) or ``"zero_copy"`` (CUDA only: the GPU's kernels read each queue's
+            chunk in pinned host memory directly, over PCIe, without the cache: the comparison the chunk cache
+            is measured against). An attribute: change it between batches.
         critical_mass: ``None`` (default): queues planned by measured rates (module doc, :func:`plan`); an int:
             the GPU takes cached chunks' queues and others of at least this size, the CPU the rest. An attribute.
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
@@ -825,6 +841,17 @@ class ChunkedIndex:
                     self._stats["time_s"]["load"] += time.perf_counter() - t0
         return chunk.host
 
+    def _mapped_view(self, chunk: _Chunk) -> _View:
+        """The chunk's structure over its pinned host blob as the GPU addresses it (processors='zero_copy'): a
+        CUDA tensor aliasing the host memory (pinned memory is mapped into the GPU's address space at the same
+        address), so the lookup kernels read it over PCIe. Made once per blob, as the host view."""
+        view = chunk.mapped_view
+        if view is None:
+            host = self._host(chunk)
+            with chunk.lock:
+                view = chunk.mapped_view = self._view(chunk, torch.as_tensor(_Mapped(host), device=self.device))
+        return view
+
     def _host_view(self, chunk: _Chunk) -> _View:
         """The chunk's structure over its host blob (made once: the blob never changes)."""
         view = chunk.host_view
@@ -956,6 +983,11 @@ class ChunkedIndex:
             raise ValueError(f"processors must be one of {PROCESSORS}, got {self.processors!r}")
         if self.processors == "gpu" and self._cache is None:
             raise ValueError("processors='gpu' needs a chunk cache: build or open the index with gpu_budget > 0")
+        if self.processors == "zero_copy":
+            if self.device.type != "cuda" or not self._pin:
+                raise ValueError("processors='zero_copy' needs a CUDA index (its kernels read the chunks' pinned "
+                                 "host memory directly); use 'gpu', 'cpu' or 'auto' here")
+            return True, False
         gpu = self._cache is not None and self.processors in ("auto", "gpu")
         return gpu, not gpu or self.processors == "auto"
 
@@ -1218,10 +1250,11 @@ class ChunkedIndex:
         gpu_on, cpu_on = self._processors()
         cache = self._cache
         tasks, start = [], 0
+        mapped = self.processors == "zero_copy"  # every chunk "fits": the GPU reads it where it is
         for chunk, c in zip(self._chunks, counts):
             if c:
-                tasks.append(_Task(chunk, start, c, cache is not None and chunk in cache,
-                                   cache is not None and _align(chunk.nbytes) <= cache.budget))
+                tasks.append(_Task(chunk, start, c, not mapped and cache is not None and chunk in cache,
+                                   mapped or (cache is not None and _align(chunk.nbytes) <= cache.budget)))
             start += c
         if D.type == "cuda" and self._io_stream is None:
             self._io_stream = torch.cuda.Stream(D)  # made here, not racing in the worker
@@ -1301,6 +1334,7 @@ class ChunkedIndex:
     def _gpu_loop(self, sched: _Scheduler, batch: "_Batch") -> None:
         cache, dev = self._cache, self.device
         cuda = dev.type == "cuda"
+        mapped = self.processors == "zero_copy"
         compute = torch.cuda.current_stream(dev) if cuda else None
         inflight: deque = deque()
         tm = self._stats["time_s"]
@@ -1315,31 +1349,38 @@ class ChunkedIndex:
                     break
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
-                entry = cache.entries.get(task.chunk)
-                if entry is None:
-                    entry = self._copy_in(task.chunk, sched.demand(), batch)
-                    self._count("chunk_misses", 1)
+                if mapped:
+                    entry, view = None, self._mapped_view(task.chunk)
                 else:
-                    self._count("chunk_hits", 1)
-                if cuda and entry.ready is not None:
-                    compute.wait_event(entry.ready)
+                    entry = cache.entries.get(task.chunk)
+                    if entry is None:
+                        entry = self._copy_in(task.chunk, sched.demand(), batch)
+                        self._count("chunk_misses", 1)
+                    else:
+                        self._count("chunk_hits", 1)
+                    if cuda and entry.ready is not None:
+                        compute.wait_event(entry.ready)
+                    view = entry.view
                 qlo, qhi = batch.queue(task, dev, self)
                 if cuda:
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     a.record(compute)
-                    task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                    task.result = self._answer(view, batch, qlo, qhi, dev)
                     b.record(compute)
                     batch.gpu_lookups.append((a, b, task.size))
                 else:
                     t1 = time.perf_counter()
-                    task.result = self._answer(entry.view, batch, qlo, qhi, dev)
+                    task.result = self._answer(view, batch, qlo, qhi, dev)
                     batch.gpu_lookups.append((None, time.perf_counter() - t1, task.size))
-                cache.tick += 1
-                entry.tick = cache.tick
+                if entry is not None:
+                    cache.tick += 1
+                    entry.tick = cache.tick
                 if cuda:
-                    entry.last_use = torch.cuda.Event()
-                    entry.last_use.record(compute)
-                    inflight.append(entry.last_use)
+                    done = torch.cuda.Event()
+                    done.record(compute)
+                    inflight.append(done)
+                    if entry is not None:
+                        entry.last_use = done
                 self._count("queries_gpu", task.size)
                 tm["gpu_issue"] += time.perf_counter() - t0
         finally:
@@ -1474,7 +1515,7 @@ class ChunkedIndex:
         self._stats["time_s"]["copy"] += seconds
         looked = sum(n for _, _, n in batch.gpu_lookups)
         busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in batch.gpu_lookups)
-        if looked >= 1024 and busy > 0:
+        if looked >= 1024 and busy > 0 and self.processors != "zero_copy":  # the planner's rate reads the cache
             rate = looked / busy
             self._gpu_rate = 0.5 * self._gpu_rate + 0.5 * rate if self._measured["gpu"] else rate
             self._measured["gpu"] = True
@@ -1923,7 +1964,7 @@ class _InPlace:
         c = self.chunk
         c.n, c.used = self.n_after, self.used
         c.kmin, c.kmax = self.span if self.n_after else (None, None)
-        c.host_view = None  # made again on use: its index's sizes and key span are the old ones
+        c.host_view = c.mapped_view = None  # made again on use: their index's sizes and key span are the old ones
         c.file = None  # the blob no longer matches its saved file: the next save writes it
 
 
