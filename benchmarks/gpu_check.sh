@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh suite      # build, then the GPU test suite (all but the two-GPU sharded tests)
 #   bash benchmarks/gpu_check.sh memcheck   # compute-sanitizer memcheck over the lookup, build, partition and
-#                                           # out-of-core (zero-copy, node chunk) tests
+#                                           # out-of-core (zero-copy, node chunk) tests and the one-GPU sharded test
 #   bash benchmarks/gpu_check.sh small      # small-batch bench (2^24 keys) and its breakdown
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests and the sharded bench
 #
@@ -32,6 +32,10 @@ case "${1:-}" in
       compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -x -p no:cacheprovider \
         tests/test_opcheck.py tests/test_partition.py tests/test_chunked.py tests/test_errors.py \
         -k "cuda and (cgrx_build or cgrx_lookups or rx_lookup or lookup_rows or partition or pack or scatter or zero_copy or updatable or operators_check)"
+      echo "rc=$?"
+      # The sharded lookups through NCCL with one rank (its worker process is checked too).
+      compute-sanitizer --tool memcheck --error-exitcode 3 --target-processes all \
+        python3 -m pytest -q -x -p no:cacheprovider tests/test_sharded.py -k one_gpu
       echo "rc=$?"; } 2>&1 | log "memcheck_$commit.log"
     ;;
   small)

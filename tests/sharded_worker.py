@@ -557,7 +557,7 @@ def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: 
 
 
 def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
-    """``layout="world"``: every check on the default group. ``"2+3+4"`` (four processes; one process start for
+    """``layout="world"``: every check on the default group; ``"one"``: a one-rank group's answers. ``"2+3+4"`` (four processes; one process start for
     three group sizes): two 2-rank groups side by side (ranks 0-1 every check, ranks 2-3 some key sets), then a
     3-rank group (ranks 0-2) next to a 1-rank group (rank 3), then all four ranks. Raises AssertionError
     listing this rank's failures."""
@@ -567,6 +567,11 @@ def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
     some = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
     if layout == "world":
         failures = check_group(None, device, seed, None, True, compile=True)
+    elif layout == "one":  # a single rank (one GPU: NCCL's code paths under compute-sanitizer): every answer
+        failures = check_group(None, device, seed, None, False, compile=True)
+        if failures:
+            raise AssertionError(f"{len(failures)} failed checks:\n" + "\n".join(failures[:40]))
+        return  # the error and collective-sequence checks need a second rank to disagree with
     else:
         assert layout == "2+3+4" and world == 4
         pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]

@@ -31,6 +31,13 @@ def test_sharded_nccl_two_gpus():
     spawn(sharded_worker.run, 2, 0, "world", backend="nccl", timeout_s=120, join_timeout_s=600)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sharded_nccl_one_gpu():
+    """Every answer through NCCL's code paths with one rank: what the one-GPU machine can run (and run under
+    compute-sanitizer: benchmarks/gpu_check.sh memcheck)."""
+    spawn(sharded_worker.run, 1, 0, "one", backend="nccl", timeout_s=120, join_timeout_s=400)
+
+
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
 def test_sharded_nccl_cuda_graph():
     spawn(sharded_worker.cuda_graph, 2, backend="nccl", timeout_s=120, join_timeout_s=300)
