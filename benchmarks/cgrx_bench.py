@@ -92,7 +92,7 @@ def main() -> None:
         index, build_ms, peak = build_timed(lambda: make(keys), dev)
         mem = index.memory()
         dindex = make(dense)
-        point, ranges = {}, {False: {}, True: {}}
+        point, ranges, counts = {}, {False: {}, True: {}}, {}
         for sort in (False, True):  # queries as given, and sorted inside the lookup (counted)
             index.sort_queries = dindex.sort_queries = sort
             point[sort], res = timed(lambda: index.lookup(queries))
@@ -101,14 +101,18 @@ def main() -> None:
             for h in hits:
                 ranges[sort][h], rres = timed(lambda: dindex.range_lookup(lo, his[h]))
                 assert torch.equal(rres.count, expected[h]), f"cgRX {backend} B={b} (sort_queries={sort}): {h}-hit ranges wrong"
+                if not sort:  # the count alone (range_count: two position searches), what SA's time is of
+                    counts[h], cres = timed(lambda: dindex.range_count(lo, his[h]))
+                    assert torch.equal(cres, expected[h]), f"cgRX {backend} B={b}: {h}-hit range counts wrong"
         total = sum(mem.values())
         label = f"cgRX {backend} {index.layout}" + ("" if search == "binary" else f"/{search}")
-        rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True]))
+        rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True], counts))
         result["runs"].append({"backend": backend, "bucket_size": b, "layout": index.layout, "bucket_search": search,
                                "build_ms": build_ms, "build_peak_gb": peak, "memory": mem,
                                "lookup_ms": point[False], "lookup_query_sort_ms": point[True],
                                **{f"range{h}_ms": ranges[False][h] for h in hits},
-                               **{f"range{h}_query_sort_ms": ranges[True][h] for h in hits}})
+                               **{f"range{h}_query_sort_ms": ranges[True][h] for h in hits},
+                               **{f"range{h}_count_ms": counts[h] for h in hits}})
         del index, dindex, res, rres
         if cuda:
             torch.cuda.empty_cache()
@@ -116,14 +120,18 @@ def main() -> None:
     print(f"\n{result['device']}  commit {result['commit']}  OptiX ABI {info['abi']}  RT cores: {info['has_rt_cores']}")
     print(f"keys 2^{args.log_keys} ({args.dist}), point lookups 2^{args.log_lookups} (all hits), "
           f"range lookups 2^{args.log_range_lookups} of {args.range_hits} hits (dense keys)")
-    print("queries as given; +qsort: sorted inside the lookup (index.sort_queries=True, sort counted); rN: N-hit ranges")
+    print("queries as given; +qsort: sorted inside the lookup (index.sort_queries=True, sort counted); rN: N-hit ranges"
+          " (range_lookup: first row and count; SA: the count); cN: N-hit range_count (the count alone)")
     head = "".join(f" {f'r{h} ms':>9s} {'vs SA':>6s}" for h in hits) + f" {'+qsort pt':>10s}"
     head += "".join(f" {f'+qsort r{h}':>10s}" for h in hits)
+    head += "".join(f" {f'c{h} ms':>9s} {'vs SA':>6s}" for h in hits)
     print(f"{'method':36s} {'B':>4s} {'build ms':>9s} {'GB':>7s} {'point ms':>9s} {'vs SA':>6s}" + head)
-    for name, b, bms, gb, ms, rms, qms, qrms in rows:
+    for name, b, bms, gb, ms, rms, qms, qrms, cms in [r if len(r) == 9 else (*r, {}) for r in rows]:
         line = f"{name:36s} {b!s:>4s} {bms:9.1f} {gb:7.3f} {ms:9.2f} {sa_ms / ms:5.2f}x"
         line += "".join(f" {rms[h]:9.2f} {sar_ms[h] / rms[h]:5.2f}x" for h in hits) + f" {qms:10.2f}"
-        print(line + "".join(f" {qrms[h]:10.2f}" for h in hits))
+        line += "".join(f" {qrms[h]:10.2f}" for h in hits)
+        print(line + "".join(f" {cms[h]:9.2f} {sar_ms[h] / cms[h]:5.2f}x" if h in cms else f" {'-':>9s} {'':6s}"
+                             for h in hits))
     if cuda:
         write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
 

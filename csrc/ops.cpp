@@ -121,6 +121,10 @@ TORCH_LIBRARY(rtindex, m) {
   m.def(torch::schema(prefix "_aggregate(" RTINDEX_CGRX_INDEX ", Tensor values) -> (Tensor count, Tensor sum)"), tags)
   RTINDEX_CGRX_LOOKUPS("cgrx", kNoTags);
   RTINDEX_CGRX_LOOKUPS("cgrx_optix", kOptixTags);
+  // Range counts [lo[i], hi[i]] from the positions of each range's two ends (two searches, no visit of the
+  // matches): for every backend, searched through the radix table (binary search for that backend), so no rays
+  // and no tag. Node chains (layout 3) count by visiting. `hi` is required.
+  m.def("cgrx_range_count(" RTINDEX_CGRX_INDEX ") -> Tensor count");
 
   // cgRX with batch updates (node chains, csrc/cgrx/cgrx_nodes.h). Lookups use the cgrx_lookup* operators with
   // layout 3 and the node region as `pairs`, the node size as `bucket_size`. An update is planned

@@ -168,6 +168,7 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     r = idx.range_lookup(lod, hid)
     ck.eq(r.first_row, rfirst, "range_lookup first_row")
     ck.eq(r.count, rcount, "range_lookup count")
+    ck.eq(idx.range_count(lod, hid), rcount, "range_count")
     m = idx.range(lod, hid)
     o, f = csr(rrows)
     ck.eq(m.offsets, o, "range offsets")

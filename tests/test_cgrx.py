@@ -48,6 +48,7 @@ def test_point_and_range_lookups(device, gen, backend, kind, bucket_size):
     first, count, rows = ref.ranges(lo, hi)
     check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
     check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+    np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), count)
 
 
 @pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
@@ -60,6 +61,8 @@ def test_layouts_and_bucket_searches(device, gen, layout, bucket_search):
     first, count, rows = ref.points(q)
     check_lookup(index.lookup(q.to(device)), first, count)
     check_matches(index.lookup_all(q.to(device)), rows)
+    lo, hi = range_queries(keys, 500, gen, 3 * ROW)
+    np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), ref.ranges(lo, hi)[1])
 
 
 @pytest.mark.parametrize("key_type", ["int64", "uint64", "int32", "float32", "float64"])
@@ -76,6 +79,7 @@ def test_key_types(device, gen, key_type):
         first, count, rows = ref.ranges(lo, hi)
         check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
         check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys, key_type)
+        np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), count)
 
 
 def test_edges(device):
@@ -115,6 +119,7 @@ def test_radix_table_ties_and_wide_slices(device, gen, layout, bucket_size):
     first, count, rows = ref.ranges(lo, hi)
     check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
     check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+    np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), count)
 
 
 @pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
@@ -208,3 +213,22 @@ def test_auto_layout_follows_the_backend(device):
         assert index.state_dict()["layout"] == "auto"
         assert CgRXIndex.from_state_dict(index.state_dict()).layout == layout
     assert CgRXIndex(keys, backend="radix", layout="packed_row").layout == "packed_row"
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=BACKEND_IDS)
+def test_range_count_at_the_edges_of_the_key_range(device, gen, backend):
+    """range_count from positions, against the sorted array: keys and bounds at both ends of the 64-bit range
+    (hi = max: no upper search; lo = min), empty and reversed ranges, one key's run, ranges around every key."""
+    lo64, hi64 = -(2**63), 2**63 - 1
+    keys = torch.cat([torch.tensor([lo64, lo64, lo64 + 1, -1, 0, 0, 1, hi64 - 1, hi64, hi64]),
+                      torch.randint(lo64, hi64, (500,), generator=gen), torch.full((40,), 12345)])
+    index = CgRXIndex(keys.to(device), bucket_size=4, **backend)
+    sk = np.sort(keys.numpy())
+    edges = torch.tensor([lo64, lo64 + 1, -1, 0, 1, 12344, 12345, 12346, hi64 - 1, hi64])
+    lo = torch.cat([edges.repeat_interleave(edges.numel()), keys[:200], keys[:200]])
+    hi = torch.cat([edges.repeat(edges.numel()), keys[:200], keys[200:400]])  # every pair, reversed ones too
+    want = np.maximum(np.searchsorted(sk, hi.numpy(), "right") - np.searchsorted(sk, lo.numpy(), "left"), 0)
+    np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), want)
+    np.testing.assert_array_equal(index.range_lookup(lo.to(device), hi.to(device)).count.cpu().numpy(), want)
+    empty = CgRXIndex(keys[:0].to(device), **backend)
+    assert empty.range_count(lo.to(device), hi.to(device)).sum().item() == 0

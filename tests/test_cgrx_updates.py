@@ -62,6 +62,7 @@ def check_full(index, ref, device, rng):
     m = index.range(torch.tensor([lo], device=device), torch.tensor([hi], device=device))
     expected = ref.range_rows(lo, hi)
     assert m.rows.cpu().tolist() == [r for _, r in expected]  # (key, row ID) order
+    assert index.range_count(torch.tensor([lo], device=device), torch.tensor([hi], device=device)).tolist() == [len(expected)]
     assert len(index) == sum(ref.pairs.values())
 
 

@@ -51,6 +51,7 @@ def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**4
         lo, hi = range_queries(keys, n_q // 3, gen, w)
         first, count, rows = ref.ranges(lo, hi)
         check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
+        np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), count)
         got = index.range(lo.to(device), hi.to(device))
         want = cg.range(lo, hi)  # cgRX order: (key, row ID)
         assert torch.equal(got.offsets.cpu(), want.offsets) and torch.equal(got.rows.cpu(), want.rows)

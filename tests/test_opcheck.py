@@ -347,10 +347,19 @@ def test_cgrx_lookups(device, data, backend, is_range):
     np.testing.assert_array_equal(got_count.cpu().numpy(), count)
     np.testing.assert_allclose(got_sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
 
+    if is_range:  # the count from the positions of each range's ends
+        opcheck(ops.cgrx_range_count.default, args, utils)
+        np.testing.assert_array_equal(ops.cgrx_range_count(*args).cpu().numpy(), count)
+    else:
+        with pytest.raises(RuntimeError, match="hi is required"):
+            ops.cgrx_range_count(*args)
+
     # an empty batch of queries
     empty = (*args[:5], args[5][:0], None if args[6] is None else args[6][:0], *args[7:])
     opcheck(ops.cgrx_lookup.default, empty, utils)
     opcheck(ops.cgrx_lookup_csr_capped.default, (*empty, 4), utils)
+    if is_range:
+        opcheck(ops.cgrx_range_count.default, empty, utils)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compares CUDA with CPU")
@@ -364,6 +373,8 @@ def test_cgrx_cuda_values_match_cpu_operators(data, backend):
         for op, extra in ((ops.cgrx_lookup, ()), (ops.cgrx_lookup_csr, ()), (ops.cgrx_lookup_csr_capped, (50,))):
             for got, want in zip(op(*args, *extra), op(*cpu_args, *extra)):
                 assert torch.equal(got.cpu(), want), (op, is_range)
+        if is_range:
+            assert torch.equal(ops.cgrx_range_count(*args).cpu(), ops.cgrx_range_count(*cpu_args))
 
 
 def test_cgrx_scene_rays(data):
@@ -411,11 +422,13 @@ def test_cgrx_update_operators(device, gen):
         index.update(delete_keys=keys[5:9].to(device))  # by key: every pair of those keys
         q = ins[:50].to(device)
         index.lookup(q), index.range(q, q + 2**40), index.lookup_all_capped(q, 40)  # lookups on the node chains
+        index.range_count(q, q + 2**40)  # counted by visiting: node chains have no global positions
         index.aggregate(q, torch.arange(index._next_row, dtype=torch.float64, device=device))
         index.rebuild()
     names = [f._opname for f, _ in rec.calls]
     for name in ("cgrx_nodes_load", "cgrx_find_buckets", "cgrx_nodes_plan", "cgrx_nodes_apply", "cgrx_nodes_export",
-                 "cgrx_nodes_stats", "cgrx_lookup", "cgrx_lookup_csr", "cgrx_lookup_csr_capped", "cgrx_aggregate"):
+                 "cgrx_nodes_stats", "cgrx_lookup", "cgrx_lookup_csr", "cgrx_lookup_csr_capped", "cgrx_aggregate",
+                 "cgrx_range_count"):
         assert name in names, name
     for func, args in rec.calls:
         if func._opname.startswith("cgrx_"):

@@ -151,6 +151,8 @@ class IndexBase:
         family = self._op_family()
         # The overloads themselves: calling a packet resolves its overload on every call.
         self._forms = {f: getattr(ops, f"{family}_{f}").default for f in ("lookup", "lookup_rows", "lookup_csr", "lookup_csr_capped", "aggregate")}
+        # Range counts from positions: the cgRX families (whatever their backend); the others count by lookup.
+        self._forms["range_count"] = ops.cgrx_range_count.default if family.startswith("cgrx") else None
         self._lead = self._index_tensors()
         if self.device.type == "cuda":
             # Under torch.compile(mode="reduce-overhead") the index's tensors are graph inputs; marked static, the
@@ -400,6 +402,15 @@ class IndexBase:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order; empty when ``lo[i] > hi[i]``)
         answered as (smallest matching row ID or -1, match count)."""
         return Lookup(*self._call("lookup", lo, hi, "range_lookup"))
+
+    def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Per range ``[lo[i], hi[i]]`` (inclusive; 0 when ``lo[i] > hi[i]``) the number of matching pairs, int64:
+        ``range_lookup(lo, hi).count`` without the first row, so a cgRX index over sorted pairs answers it from
+        the positions of the range's two ends (two searches, whatever the range's width) instead of visiting
+        every match."""
+        if self._forms["range_count"] is None:
+            return self.range_lookup(lo, hi).count
+        return self._call("range_count", lo, hi, "range_count")
 
     def lookup_all(self, queries: torch.Tensor) -> Matches:
         """Point lookups returning every matching row ID (duplicates) as CSR, ascending row IDs per query.

@@ -89,6 +89,12 @@ for _prefix in ("rx", "cgrx", "cgrx_optix"):
     _register_lookups(_prefix)
 
 
+@register_fake("rtindex::cgrx_range_count")
+def _(*args):
+    lo = args[-2]
+    return lo.new_empty(lo.shape, dtype=torch.int64)
+
+
 @register_fake("rtindex_internal::scene_triangles")
 def _(keys, scene):
     return keys.new_empty((keys.shape[0], 3, 3), dtype=torch.float32)

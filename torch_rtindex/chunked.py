@@ -953,6 +953,10 @@ class ChunkedIndex:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive; empty when ``lo[i] > hi[i]``): smallest row ID, count."""
         return Lookup(*self._run("lookup", lo, hi))
 
+    def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Per range the number of matching pairs (int64): ``range_lookup(lo, hi).count``."""
+        return self.range_lookup(lo, hi).count
+
     def lookup_all(self, queries: torch.Tensor) -> Matches:
         """Every matching row ID per query as CSR, ascending row IDs per query."""
         return Matches(*self._run("csr", queries, None))

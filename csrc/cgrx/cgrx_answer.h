@@ -20,8 +20,30 @@ struct Storage {
 // a unit (a line of a bucket, cgrx_core.h) instead of a bucket.
 struct RadixSearch {};
 
-// `find(k)` returns the bucket of the first representative >= k (or kNoBucket), for reps[0] < k <= reps[m-1];
-// or it is RadixSearch. `table` is the index's radix table (its flags serve every backend).
+// The position of the first pair >= k among the sorted pairs (p.n where none): the search every lookup of the
+// read-only index starts with. `find(k)` returns the bucket of the first representative >= k (or kNoBucket), for
+// reps[0] < k <= reps[m-1]; or it is RadixSearch. `table` is the index's radix table (its flags serve every backend).
+template <typename Find>
+RTX_HD uint64_t pairs_lower_bound(const Pairs& p, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t k,
+                                  Find&& find) {
+  constexpr bool radix = std::is_same<std::decay_t<Find>, RadixSearch>::value;
+  if (m == 0 || k > p.key(p.n - 1)) return p.n;  // above the largest key: answered without a search
+  // The first pair >= k lies in [begin, begin + span): bucket 0 where k is at most the first representative.
+  uint64_t begin = 0, span = p.bucket_size;
+  if constexpr (radix) {
+    const RadixTable t(table);
+    span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
+    const auto unit_rep = [&](uint64_t c) { return p.key(group_last(c, span, p.n)); };
+    if (k > t.first()) begin = t.lower_bound(k, unit_rep) * span;
+  } else if (k > reps[0]) {
+    const uint64_t b = find(k);
+    if (b == kNoBucket || b >= m) return p.n;
+    begin = b * span;
+  }
+  const uint64_t end = begin + span < p.n ? begin + span : p.n;
+  return p.lower_bound_in(begin, end, k);
+}
+
 template <typename Find, typename Visit>
 RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t lo,
                           uint64_t hi, Find&& find, Visit&& visit) {
@@ -36,21 +58,32 @@ RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, c
     return;
   }
   const Pairs& p = st.pairs;
-  if (lo > p.key(p.n - 1)) return;  // above the largest key: answered without a search
-  // The first pair >= lo lies in [begin, begin + span): bucket 0 where lo is at most the first representative.
-  uint64_t begin = 0, span = p.bucket_size;
-  if constexpr (radix) {
-    const RadixTable t(table);
-    span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
-    const auto unit_rep = [&](uint64_t c) { return p.key(group_last(c, span, p.n)); };
-    if (lo > t.first()) begin = t.lower_bound(lo, unit_rep) * span;
-  } else if (lo > reps[0]) {
-    const uint64_t b = find(lo);
-    if (b == kNoBucket || b >= m) return;
-    begin = b * span;
+  visit_from(p, pairs_lower_bound(p, reps, m, table, lo, find), hi, lo == hi && RadixTable(table).unique_keys(), visit);
+}
+
+// The number of pairs with keys in [lo, hi] from the positions of the range's two ends (at most two searches,
+// no visit of a long range's matches): the read-only index's range count. Node chains have no global
+// positions: they count by visiting.
+template <typename Find>
+RTX_HD uint64_t count_in_range(const Storage& st, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t lo,
+                               uint64_t hi, Find&& find) {
+  if (lo > hi || m == 0) return 0;
+  if (st.use_nodes) {
+    uint64_t n = 0;
+    visit_matches(st, reps, m, table, lo, hi, find, [&](auto) { ++n; });
+    return n;
   }
-  const uint64_t end = begin + span < p.n ? begin + span : p.n;
-  visit_from(p, p.lower_bound_in(begin, end, lo), hi, lo == hi && RadixTable(table).unique_keys(), visit);
+  const Pairs& p = st.pairs;
+  const uint64_t begin = pairs_lower_bound(p, reps, m, table, lo, find);
+  // A short range ends within the next few pairs, which the search has just brought in: counted by reading
+  // them. A longer one by the position of its upper end (a second search), whatever its width.
+  constexpr uint64_t kScan = 8;
+  const uint64_t scan_end = begin + kScan < p.n ? begin + kScan : p.n;
+  uint64_t i = begin;
+  while (i < scan_end && p.key(i) <= hi) ++i;
+  if (i < scan_end || i == p.n) return i - begin;
+  const uint64_t end = hi == ~uint64_t(0) ? p.n : pairs_lower_bound(p, reps, m, table, hi + 1, find);
+  return end - begin;
 }
 
 }  // namespace rtindex::cgrx

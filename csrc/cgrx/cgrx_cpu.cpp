@@ -112,6 +112,25 @@ at::Tensor cgrx_lookup_rows_cpu(CGRX_LOOKUP_ARGS, int64_t miss_row) {
   return cpu_results::first_rows(lo.numel(), lo.options().dtype(at::kLong), miss_row, matches_of(a, qs));
 }
 
+at::Tensor cgrx_range_count_cpu(CGRX_LOOKUP_ARGS) {
+  TORCH_CHECK(hi.has_value(), "cgrx_range_count counts ranges: hi is required");
+  CGRX_PREPARE;
+  const int64_t q = lo.numel();
+  at::Tensor count = at::empty({q}, lo.options().dtype(at::kLong));
+  int64_t* c = count.data_ptr<int64_t>();
+  const auto find = [&a](uint64_t k) { return reps_lower_bound(a.reps, a.num_reps, k); };
+  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      uint64_t l, h;
+      qs.range(static_cast<uint64_t>(i), l, h);
+      c[i] = static_cast<int64_t>(a.backend == Backend::BinarySearch
+                                      ? count_in_range(a.storage, a.reps, a.num_reps, a.table, l, h, find)
+                                      : count_in_range(a.storage, a.reps, a.num_reps, a.table, l, h, RadixSearch{}));
+    }
+  });
+  return count;
+}
+
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
   CGRX_PREPARE;
   // cgRX visits matches in (key, rowID) order, which is also its documented output order.
@@ -193,6 +212,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_pairs_export", &cgrx_pairs_export_cpu);
   m.impl("cgrx_lookup", &cgrx_lookup_cpu);
   m.impl("cgrx_lookup_rows", &cgrx_lookup_rows_cpu);
+  m.impl("cgrx_range_count", &cgrx_range_count_cpu);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cpu);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cpu);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cpu);

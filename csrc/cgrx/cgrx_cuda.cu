@@ -125,6 +125,21 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   }
 }
 
+// Range counts from the positions of the ranges' ends (count_in_range): the radix table, or binary search for
+// that backend; an OptiX index counts through its radix table too (a count needs no rays).
+template <KeyType T>
+__global__ void __launch_bounds__(kBlock) range_count_kernel(LaunchParams p, int64_t* __restrict__ count) {
+  const bool binary = static_cast<Backend>(p.backend) == Backend::BinarySearch;
+  const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
+  for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
+    uint64_t lo, hi;
+    p.queries.range_as<T>(q, lo, hi);
+    const uint64_t c = binary ? count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, find)
+                              : count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, RadixSearch{});
+    store_once(count + q, static_cast<int64_t>(c));
+  }
+}
+
 // OptiX parameters are written on the stream (graph-capturable) with the handle and the scene shape read on
 // the device, so a lookup never waits for the host.
 __global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
@@ -223,6 +238,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cuda(CGRX_
   return {offsets, rows, total};
 }
 
+at::Tensor cgrx_range_count_cuda(CGRX_LOOKUP_ARGS) {
+  TORCH_CHECK(hi.has_value(), "cgrx_range_count counts ranges: hi is required");
+  const c10::cuda::CUDAGuard guard(lo.device());
+  Launch l(CGRX_FORWARD);
+  at::Tensor count = at::empty({lo.numel()}, lo.options().dtype(at::kLong));
+  if (l.p.num_queries > 0) {
+    with_query_type(l.p.queries.key_type, [&](auto t) {
+      range_count_kernel<decltype(t)::value><<<grid_for(lo.numel()), kBlock, 0, current_stream()>>>(
+          l.p, count.data_ptr<int64_t>());
+    });
+    RTX_CHECK_LAUNCH();
+  }
+  return count;
+}
+
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
@@ -242,6 +272,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);
   m.impl("cgrx_lookup_csr_capped", &cgrx_lookup_csr_capped_cuda);
   m.impl("cgrx_aggregate", &cgrx_aggregate_cuda);
+  m.impl("cgrx_range_count", &cgrx_range_count_cuda);
   // The same kernels under the names of the ray-tracing backend (ops.cpp says why).
   m.impl("cgrx_optix_lookup", &cgrx_lookup_cuda);
   m.impl("cgrx_optix_lookup_rows", &cgrx_lookup_rows_cuda);

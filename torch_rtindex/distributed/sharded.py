@@ -788,6 +788,11 @@ class ShardedIndex:
         -1, match count), collective."""
         return self._per_query("range_lookup", lo, hi)
 
+    def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """Per range the number of matching pairs over every shard (int64): ``range_lookup(lo, hi).count``,
+        collective."""
+        return self.range_lookup(lo, hi).count
+
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Point lookups as (match count, sum of the value column over the matches), collective. ``values``:
         this rank's part of the column, one value per row it contributed (see the class doc); passing the
