@@ -850,6 +850,7 @@ def same_answers(a, b, probe, device, values=True):
     hi = torch.cat([pairs.max(1).values, torch.tensor([I64_MAX])]).to(device)
     for x, y in ((a.lookup(q), b.lookup(q)), (a.range_lookup(lo, hi), b.range_lookup(lo, hi))):
         assert torch.equal(x.first_row, y.first_row) and torch.equal(x.count, y.count)
+    assert torch.equal(a.range_count(lo, hi), b.range_count(lo, hi))
     for x, y in ((a.lookup_all(q), b.lookup_all(q)), (a.range(lo, hi), b.range(lo, hi))):
         assert torch.equal(x.offsets, y.offsets) and torch.equal(x.rows, y.rows)
     for x, y in ((a.lookup_all_capped(q, 9), b.lookup_all_capped(q, 9)),

@@ -954,8 +954,9 @@ class ChunkedIndex:
         return Lookup(*self._run("lookup", lo, hi))
 
     def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """Per range the number of matching pairs (int64): ``range_lookup(lo, hi).count``."""
-        return self.range_lookup(lo, hi).count
+        """Per range the number of matching pairs (int64): ``range_lookup(lo, hi).count``, each chunk's piece
+        counted from positions (:meth:`CgRXIndex.range_count`) and the pieces summed."""
+        return self._run("count", lo, hi)
 
     def lookup_all(self, queries: torch.Tensor) -> Matches:
         """Every matching row ID per query as CSR, ascending row IDs per query."""
@@ -1435,6 +1436,8 @@ class ChunkedIndex:
         if batch.form == "lookup":
             first, count = ops.cgrx_lookup(*args)
             return "first", view.global_first(first), count
+        if batch.form == "count":
+            return "count", ops.cgrx_range_count(*args)
         if batch.form == "aggregate" and batch.values.device == S:
             return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
         offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
@@ -1444,6 +1447,11 @@ class ChunkedIndex:
         """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
         if any(not t.result for t in tasks):
             raise RuntimeError("ChunkedIndex: a queue was left unserved (internal scheduler error)")
+        if form == "count":  # range counts: each query's pieces summed
+            count = torch.zeros(q, dtype=torch.int64, device=D)
+            for t in tasks:
+                count.index_add_(0, sq[t.start : t.start + t.size], t.result[1].to(D))
+            return count
         if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
             first = torch.full((q,), -1, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
