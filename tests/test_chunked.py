@@ -449,22 +449,9 @@ def test_random_update_sequences(device):
     next_row = len(keys)
     chunks_seen = set()
     for step in range(60):
-        present = list(ref.pairs)
-        n_ins = rng.choice([0, 1, 5, 60, 300])
-        ins = [rng.choice(pool) for _ in range(n_ins)]
-        ins_rows = None
-        if rng.random() < 0.2:
-            ins_rows = [rng.randint(0, 2**40) for _ in range(n_ins)]  # given row IDs, beyond 2^32 too
-        if rng.random() < 0.2:
-            dk = [rng.choice(present)[0] if present else 0 for _ in range(rng.randint(0, 5))] + [rng.choice(pool)]
-            dr = None
-        else:
-            chosen = [rng.choice(present) for _ in range(rng.randint(0, 200))] if present else []
-            chosen += [(rng.choice(pool), rng.randint(0, 10**6)) for _ in range(3)]
-            rows_now = ins_rows or list(range(next_row, next_row + n_ins))
-            chosen += [(ins[j], rows_now[j]) for j in range(n_ins) if rng.random() < 0.3]
-            dk, dr = [c[0] for c in chosen], [c[1] for c in chosen]
-        rows_now = ins_rows or list(range(next_row, next_row + n_ins))
+        ins, ins_rows, rows_now, dk, dr = _batch(rng, pool, ref, next_row, far_rows=True, max_pairs=200,
+                                                 sizes=(0, 1, 5, 60, 300))
+        n_ins = len(ins)
         exp = ref.apply(ins, rows_now, dk, dr)
         res = index.update(
             insert_keys=torch.tensor(ins, dtype=torch.int64, device=device),
@@ -863,18 +850,21 @@ def same_answers(a, b, probe, device, values=True):
             assert torch.equal(x.count, y.count) and torch.equal(x.sum, y.sum)
 
 
-def _batch(rng, pool, ref, next_row, near_rows=True):
-    """A random update batch: insertions (fresh or given row IDs), deletions by pair or by key."""
+def _batch(rng, pool, ref, next_row, *, far_rows=False, max_pairs=60, sizes=(0, 1, 5, 40, 150, 300)):
+    """A random update batch: insertions (fresh or given row IDs: near the next free one, or with ``far_rows``
+    anywhere below 2^40, beyond 2^32 too), deletions by key or of up to ``max_pairs`` present pairs."""
     present = list(ref.pairs)
-    n_ins = rng.choice([0, 1, 5, 40, 150, 300])
+    n_ins = rng.choice(sizes)
     ins = [rng.choice(pool) for _ in range(n_ins)]
-    ins_rows = [rng.randint(0, next_row + 50) for _ in range(n_ins)] if rng.random() < 0.3 else None
+    ins_rows = None
+    if rng.random() < (0.2 if far_rows else 0.3):
+        ins_rows = [rng.randint(0, 2**40 if far_rows else next_row + 50) for _ in range(n_ins)]
     rows_now = ins_rows or list(range(next_row, next_row + n_ins))
     if rng.random() < 0.2:
         dk = [rng.choice(present)[0] if present else 0 for _ in range(rng.randint(0, 5))] + [rng.choice(pool)]
         dr = None
     else:
-        chosen = [rng.choice(present) for _ in range(rng.randint(0, 60))] if present else []
+        chosen = [rng.choice(present) for _ in range(rng.randint(0, max_pairs))] if present else []
         chosen += [(rng.choice(pool), rng.randint(0, 10**6)) for _ in range(3)]
         chosen += [(ins[j], rows_now[j]) for j in range(n_ins) if rng.random() < 0.3]
         dk, dr = [c[0] for c in chosen], [c[1] for c in chosen]
