@@ -268,6 +268,34 @@ def test_hot_tier_warm_learning_and_pauses(gen):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=40000)
 
 
+def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
+    """Good-Turing credit: uniform draws whose keys repeat by chance build no tier; Zipf draws fill it, with keys
+    seen once as well, and it answers most of a fresh batch."""
+    n, m, cap = 100000, 4000, 500  # a tier of 0.5% of uniform keys would answer 0.5%: not worth it
+    keys = int64_keys("uniform", n, gen)
+    index = chunked(keys, "cpu", gpu_budget=1 << 22, hot_keys=cap)
+    for _ in range(3):
+        index.lookup(keys[torch.randint(0, n, (m,), generator=gen)])  # about 80 keys drawn twice per batch
+    assert index.stats()["hot_keys"] == 0
+    perm = torch.randperm(n, generator=gen)
+
+    def zipf_batch(s=1.2):
+        u = torch.rand(m, dtype=torch.float64, generator=gen)
+        rank = (((n + 1) ** (1 - s) - 1) * u + 1) ** (1 / (1 - s))
+        return keys[perm[(rank.floor().long() - 1).clamp(0, n - 1)]]
+
+    index.clear_hot()
+    for _ in range(3):
+        index.lookup(zipf_batch())
+    twice = int((torch.unique(zipf_batch(), return_counts=True)[1] >= 2).sum())
+    assert index.stats()["hot_keys"] == cap > twice  # filled beyond the keys a batch repeats
+    index.hot_learn = False
+    fresh = zipf_batch()
+    got, want = index.lookup(fresh), CgRXIndex(keys).lookup(fresh)
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    assert index.stats()["last_batch"]["hot_hits"] > 0.6 * m
+
+
 def test_per_batch_stats_equal_what_moved(gen):
     """Bytes copied per batch = the bytes of the chunks the batch touched that were not cached when it began
     (GPU-only serving: each touched chunk is copied at most once per batch), and the batches sum to the total."""

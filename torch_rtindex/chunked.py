@@ -43,8 +43,10 @@ point query (:meth:`ChunkedIndex.lookup`, ``lookup_all``, ``aggregate``, the cap
 complete answer without touching a chunk; the other queries go through the chunks, ranges always do. Skewed
 lookups of hashed IDs touch every chunk, so a key-range cache alone cannot serve them from the GPU. Which keys:
 learned from the point batches (a sample of each counted into decayed per-key counts; keys counted at least twice
-are candidates), the tier rebuilt (its keys' rows fetched through the chunks, one batch) only when the candidates
-would answer clearly more of a batch than the tier did; or given with :meth:`ChunkedIndex.warm`. Its memory
+are candidates, keys seen once too where that adds a useful share), the tier rebuilt (its keys' rows fetched
+through the chunks, one batch) only when the candidates would answer clearly more of a batch than the tier did,
+what they would answer estimated by Good-Turing (raw counts credit uniform IDs that repeat by chance); or given
+with :meth:`ChunkedIndex.warm`. Its memory
 (``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
@@ -117,6 +119,7 @@ HOT_DECAY = 0.5  # a candidate's count halves every batch
 HOT_REPEAT = 2.0  # a key counts as hot once its decayed count reaches this: a key seen once says nothing
 HOT_USEFUL, HOT_PAUSE = 0.01, 8  # learning that finds under 1% of a batch worth a tier pauses for 8 batches
 HOT_DRIFT = 0.02  # rebuild when the candidates would answer this share of a batch more than the tier did
+HOT_GT_EXACT = 5  # Good-Turing estimates for keys seen fewer times than this in a sample, raw counts above
 
 
 def _align(n: int) -> int:
@@ -1074,7 +1077,6 @@ class ChunkedIndex:
     def _clear_hot(self) -> None:
         self._tier: dict | None = None  # the tier: its index's view on a device, its keys (priority order), sizes
         self._hot_cand: tuple[torch.Tensor, torch.Tensor] | None = None  # candidates: flipped keys (sorted), counts
-        self._hot_mass = 0.0  # decayed number of sampled queries, the candidates' counts' denominator
         self._hot_pending: torch.Tensor | None = None  # the tier's keys, to rebuild after an update
         self._hot_skip = 0  # point batches left that skip learning (it found nothing worth a tier)
 
@@ -1209,17 +1211,33 @@ class ChunkedIndex:
             top = torch.topk(score, self.hot_capacity).indices.sort().values  # keys stay sorted
             keys, score = keys[top], score[top]
         self._hot_cand = (keys, score)
-        self._hot_mass = self._hot_mass * HOT_DECAY + S
+        # What the tier would answer of the next batch, by Good-Turing over this sample: a key seen r times in S
+        # draws has probability about (r + 1) N_{r+1} / (N_r S) (N_r: keys seen r times), the raw r / S being
+        # an overestimate for rare keys (uniform IDs seen twice by chance are no hotter than the rest); counts
+        # from HOT_GT_EXACT up are accurate as they are. The tier holds the candidates with the highest scores,
+        # so it is credited with the most probable keys of the sample, as many as it would hold. Keys seen once
+        # join it when that adds a useful share (skewed IDs, not uniform ones; an underestimate for them, as their
+        # scores also hold what earlier batches saw).
+        levels = torch.bincount(seen, minlength=HOT_GT_EXACT + 1)[: HOT_GT_EXACT + 1].to(torch.float64)
+        rate = torch.zeros(HOT_GT_EXACT + 1, dtype=torch.float64, device=D)  # per-key probability x S, by count
+        r = torch.arange(1, HOT_GT_EXACT, device=D)
+        rate[1:HOT_GT_EXACT] = (r + 1) * levels[2:] / levels[1:HOT_GT_EXACT].clamp(min=1)
+        likely = torch.sort(torch.where(seen >= HOT_GT_EXACT, seen.to(torch.float64), rate[seen.clamp(max=HOT_GT_EXACT)]),
+                            descending=True).values.cumsum(0) / S
         strong = score >= HOT_REPEAT
-        projected = float(score[strong].sum()) / self._hot_mass
+        n_strong, n_all = int(strong.sum()), int((score >= 1.0).sum())
+        credit = lambda k: float(likely[min(k, likely.numel()) - 1]) if k else 0.0  # noqa: E731
+        weak = credit(n_all) - credit(n_strong) >= HOT_USEFUL
+        chosen = score >= 1.0 if weak else strong
+        projected = credit(n_all if weak else n_strong)
         if projected < HOT_USEFUL:
             if share < HOT_USEFUL:
                 self._tier = None
                 self._hot_skip = HOT_PAUSE
             return
         if projected - share > max(HOT_DRIFT, 0.1 * projected):
-            order = torch.sort(torch.where(strong, score, -1.0), descending=True).indices
-            order = order[: int(strong.sum())]
+            order = torch.sort(torch.where(chosen, score, -1.0), descending=True).indices
+            order = order[: int(chosen.sum())]
             self._rebuild_hot(keys.index_select(0, order), D)
 
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
