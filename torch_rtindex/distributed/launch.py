@@ -6,6 +6,7 @@ launcher started from here keeps NVLink multicast off (see :data:`NO_MULTICAST_E
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
@@ -47,7 +48,11 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, timeout
     )
     try:
         fn(rank, world, *args)
+        dist.barrier()  # every rank is done: no peer still sends into this rank's groups while they go
     finally:
+        # Collective handles nobody waited on (an error path) go before the groups do: gloo's threads holding
+        # them while the groups, or the interpreter, are torn down can abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
