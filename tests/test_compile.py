@@ -43,7 +43,7 @@ class Scorer(torch.nn.Module):
         point = self.index.lookup(q)
         ranged = self.index.range_lookup(lo, hi)
         agg = self.index.aggregate(q, self.values)
-        return point, ranged, agg
+        return point, ranged, agg, self.index.range_count(lo, hi)
 
 
 def make_data(gen: torch.Generator, n_keys: int, n_queries: int):
@@ -55,7 +55,7 @@ def make_data(gen: torch.Generator, n_keys: int, n_queries: int):
 
 
 def check_fixed(out, keys, values, q, lo, hi) -> None:
-    point, ranged, agg = out
+    point, ranged, agg, counted = out
     ref = Reference(keys, "int64")
     first, count, rows = ref.points(q)
     check_lookup(point, first, count)
@@ -63,6 +63,7 @@ def check_fixed(out, keys, values, q, lo, hi) -> None:
     np.testing.assert_allclose(agg.sum.cpu().numpy(), Reference.sums(rows, values), rtol=1e-9)
     first, count, _ = ref.ranges(lo, hi)
     check_lookup(ranged, first, count)
+    np.testing.assert_array_equal(counted.cpu().numpy(), count)
 
 
 # Every index: RX; cgRX with the radix table (the default without RT cores) and with the optix backend (OptiX rays
