@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_check.sh memcheck   # compute-sanitizer memcheck over the lookup, build, partition and
 #                                           # out-of-core (zero-copy, node chunk) tests and the one-GPU sharded test
 #   bash benchmarks/gpu_check.sh small      # small-batch bench (2^24 keys) and its breakdown
+#   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: every cgRX backend, the hash table, the
+#                                           # sorted array, range lookups and range counts of 4 / 64 / 1024 hits
+#   bash benchmarks/gpu_check.sh chunked    # out of core: updates (node vs read-only chunks), then 2^30 keys
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests and the sharded bench
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
@@ -44,6 +47,18 @@ case "${1:-}" in
       python3 benchmarks/small_batch_bench.py --breakdown --log-keys 24 --log-queries 4 14
       echo "rc=$?"; } 2>&1 | log "small_batch_$commit.log"
     ;;
+  cgrx)
+    { header "cgRX grid"
+      python3 benchmarks/cgrx_bench.py --hash-table --range-hits 4,64,1024 --backends radix,binary_search
+      echo "rc=$?"; } 2>&1 | log "cgrx_bench_$commit.log"
+    ;;
+  chunked)
+    { header "out of core"
+      python3 benchmarks/chunked_update_bench.py --log-keys 26 --chunk-mib 64 --log-batch 16 --out "$out"
+      timeout 420 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 20,24,27 --zipf 0.99,1.2 \
+        --repeats 2 --train-batches 2 --cpu-max-log-lookups 20 --zero-copy-max-log-lookups 20 --out "$out"
+      echo "rc=$?"; } 2>&1 | log "chunked_$commit.log"
+    ;;
   sharded)
     { header "sharded, $(nvidia-smi -L | wc -l) GPUs"
       RTINDEX_WORKER_TRACE=1 python3 -m pytest tests/test_sharded.py -q -x -p no:cacheprovider -k nccl_two_gpus
@@ -52,7 +67,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|sharded" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|chunked|sharded" >&2
     exit 2
     ;;
 esac
