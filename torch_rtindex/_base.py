@@ -279,10 +279,6 @@ class IndexBase:
             t.record_stream(stream)
 
     # --------------------------------------------------------------------------------------------- lookups
-    # The direct point lookups (lookup, lookup_rows) leave the shape and contiguity checks to the operator, which
-    # makes them anyway, and run the explaining checks only when it refused. The dtype and device stay checked
-    # here: the kernels also take int64 storage for a uint64 index's queries, which the Python API refuses, and
-    # queries on another device would reach that device's kernel (a meta batch, the meta kernel) instead.
     def _plain_batch(self, t: Any) -> bool:
         """The common case every check passes without a word: a 1-D contiguous tensor of the key dtype, here."""
         return (type(t) is torch.Tensor and t.dtype == self.key_dtype and t.device == self.device and t.dim() == 1
@@ -368,6 +364,10 @@ class IndexBase:
         Args:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
+        # The direct path leaves the shape and contiguity checks to the operator, which makes them anyway, and runs
+        # the explaining checks only when it refused. The dtype and device stay checked here: the kernels also take
+        # int64 storage for a uint64 index's queries, which the Python API refuses, and queries on another device
+        # would reach that device's kernel (a meta batch, the meta kernel) instead. lookup_rows does the same.
         direct = self._direct_lookup
         if (direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype
                 and queries.device == self.device):
@@ -406,8 +406,8 @@ class IndexBase:
     def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
         """Per range ``[lo[i], hi[i]]`` (inclusive; 0 when ``lo[i] > hi[i]``) the number of matching pairs, int64:
         ``range_lookup(lo, hi).count`` without the first row, so a cgRX index over sorted pairs answers it from
-        the positions of the range's two ends (two searches, whatever the range's width) instead of visiting
-        every match."""
+        the positions of the range's two ends (a search and a short scan, or two searches: whatever the range's
+        width) instead of visiting every match."""
         if self._forms["range_count"] is None:
             return self.range_lookup(lo, hi).count
         return self._call("range_count", lo, hi, "range_count")
