@@ -93,6 +93,19 @@ auto matches_of(const IndexArgs& a, const QueryKeys& qs) {
   };
 }
 
+// The number of matches of query i without visiting them: from positions over sorted pairs (count_in_range).
+auto counts_of(const IndexArgs& a, const QueryKeys& qs) {
+  return [&a, &qs](int64_t i) -> int64_t {
+    uint64_t lo, hi;
+    qs.range(static_cast<uint64_t>(i), lo, hi);
+    if (a.backend == Backend::BinarySearch) {
+      const auto find = [&](uint64_t k) { return reps_lower_bound(a.reps, a.num_reps, k); };
+      return static_cast<int64_t>(count_in_range(a.storage, a.reps, a.num_reps, a.table, lo, hi, find));
+    }
+    return static_cast<int64_t>(count_in_range(a.storage, a.reps, a.num_reps, a.table, lo, hi, RadixSearch{}));
+  };
+}
+
 #define CGRX_LOOKUP_ARGS                                                                                       \
   const at::Tensor &pairs, const at::Tensor &reps, const at::Tensor &table, const at::Tensor & /*scene_structure*/, \
       int64_t config, const at::Tensor &lo, const c10::optional<at::Tensor> &hi
@@ -112,35 +125,24 @@ at::Tensor cgrx_lookup_rows_cpu(CGRX_LOOKUP_ARGS, int64_t miss_row) {
   return cpu_results::first_rows(lo.numel(), lo.options().dtype(at::kLong), miss_row, matches_of(a, qs));
 }
 
+// Every backend counts through the radix table (binary search for that backend): a count needs no rays.
 at::Tensor cgrx_range_count_cpu(CGRX_LOOKUP_ARGS) {
   TORCH_CHECK(hi.has_value(), "cgrx_range_count counts ranges: hi is required");
   CGRX_PREPARE;
-  const int64_t q = lo.numel();
-  at::Tensor count = at::empty({q}, lo.options().dtype(at::kLong));
-  int64_t* c = count.data_ptr<int64_t>();
-  const auto find = [&a](uint64_t k) { return reps_lower_bound(a.reps, a.num_reps, k); };
-  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      uint64_t l, h;
-      qs.range(static_cast<uint64_t>(i), l, h);
-      c[i] = static_cast<int64_t>(a.backend == Backend::BinarySearch
-                                      ? count_in_range(a.storage, a.reps, a.num_reps, a.table, l, h, find)
-                                      : count_in_range(a.storage, a.reps, a.num_reps, a.table, l, h, RadixSearch{}));
-    }
-  });
-  return count;
+  return cpu_results::match_counts(lo.numel(), lo.options().dtype(at::kLong), counts_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_csr_cpu(CGRX_LOOKUP_ARGS) {
   CGRX_PREPARE;
   // cgRX visits matches in (key, rowID) order, which is also its documented output order.
-  return cpu_results::csr(lo.numel(), lo.options().dtype(at::kLong), /*sort_rows=*/false, matches_of(a, qs));
+  return cpu_results::csr(lo.numel(), lo.options().dtype(at::kLong), /*sort_rows=*/false, matches_of(a, qs),
+                          counts_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_lookup_csr_capped_cpu(CGRX_LOOKUP_ARGS, int64_t capacity) {
   CGRX_PREPARE;
   return cpu_results::csr_capped(lo.numel(), lo.options().dtype(at::kLong), /*sort_rows=*/false, capacity,
-                                 matches_of(a, qs));
+                                 matches_of(a, qs), counts_of(a, qs));
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at::Tensor& values) {

@@ -113,30 +113,25 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
 
 // The radix-table and binary-search backends: one thread per query, grid-stride. The binary search is the
 // reference the other backends are checked against; node chains (the updatable index) also take this kernel.
+// Counts over sorted pairs (range_count, a CSR's first pass) come from the positions of each range's ends
+// (count_in_range), not from visiting the matches.
 template <KeyType T>
 __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   const bool radix = static_cast<Backend>(p.backend) == Backend::Radix;
+  const bool positions = static_cast<ResultMode>(p.results.mode) == ResultMode::Count && !p.storage.use_nodes;
   const auto range = [&](uint64_t i, uint64_t& lo, uint64_t& hi) { p.queries.range_as<T>(i, lo, hi); };
-  for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
-    if (radix)
-      answer_query(p, q, RadixSearch{}, range);
-    else
-      answer_query(p, q, [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); }, range);
-  }
-}
-
-// Range counts from the positions of the ranges' ends (count_in_range): the radix table, or binary search for
-// that backend; an OptiX index counts through its radix table too (a count needs no rays).
-template <KeyType T>
-__global__ void __launch_bounds__(kBlock) range_count_kernel(LaunchParams p, int64_t* __restrict__ count) {
-  const bool binary = static_cast<Backend>(p.backend) == Backend::BinarySearch;
   const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
-    uint64_t lo, hi;
-    p.queries.range_as<T>(q, lo, hi);
-    const uint64_t c = binary ? count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, find)
-                              : count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, RadixSearch{});
-    store_once(count + q, static_cast<int64_t>(c));
+    if (positions) {
+      uint64_t lo, hi;
+      range(q, lo, hi);
+      const uint64_t c = radix ? count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, RadixSearch{})
+                               : count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, find);
+      store_once(p.results.count + q, static_cast<int64_t>(c));
+    } else if (radix)
+      answer_query(p, q, RadixSearch{}, range);
+    else
+      answer_query(p, q, find, range);
   }
 }
 
@@ -181,9 +176,13 @@ struct Launch {
   void run(ResultMode mode) {
     if (p.num_queries == 0) return;
     p.results.mode = static_cast<uint32_t>(mode);
-    if (static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
+    // A count over sorted pairs needs no rays: the search kernel finds it through the radix table (search_kernel).
+    const bool positions = mode == ResultMode::Count && !p.storage.use_nodes;
+    if (positions || static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
+      LaunchParams k = p;
+      if (static_cast<Backend>(k.backend) == Backend::OptiX) k.backend = static_cast<uint32_t>(Backend::Radix);
       with_query_type(p.queries.key_type, [&](auto t) {
-        search_kernel<decltype(t)::value><<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(p);
+        search_kernel<decltype(t)::value><<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(k);
       });
       RTX_CHECK_LAUNCH();
       return;
@@ -242,14 +241,10 @@ at::Tensor cgrx_range_count_cuda(CGRX_LOOKUP_ARGS) {
   TORCH_CHECK(hi.has_value(), "cgrx_range_count counts ranges: hi is required");
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  at::Tensor count = at::empty({lo.numel()}, lo.options().dtype(at::kLong));
-  if (l.p.num_queries > 0) {
-    with_query_type(l.p.queries.key_type, [&](auto t) {
-      range_count_kernel<decltype(t)::value><<<grid_for(lo.numel()), kBlock, 0, current_stream()>>>(
-          l.p, count.data_ptr<int64_t>());
-    });
-    RTX_CHECK_LAUNCH();
-  }
+  at::Tensor count = at::zeros({lo.numel()}, lo.options().dtype(at::kLong));
+  if (l.p.num_reps == 0) return count;
+  l.p.results.count = count.data_ptr<int64_t>();
+  l.run(ResultMode::Count);
   return count;
 }
 

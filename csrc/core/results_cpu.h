@@ -47,10 +47,31 @@ at::Tensor first_rows(int64_t q, const at::TensorOptions& opts, int64_t miss_row
   return first;
 }
 
-// Per-query counts and their prefix sums: (offsets [q + 1], counts [q]).
+// Per query its number of matches, from CountOf: int64_t(int64_t query).
+template <typename CountOf>
+at::Tensor match_counts(int64_t q, const at::TensorOptions& opts, CountOf&& count_of) {
+  at::Tensor counts = at::empty({q}, opts);
+  int64_t* c = counts.data_ptr<int64_t>();
+  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) c[i] = count_of(i);
+  });
+  return counts;
+}
+
+// The count of a query by visiting its matches: for indexes that cannot count a range from positions.
 template <typename ForEach>
-std::tuple<at::Tensor, at::Tensor> count_pass(int64_t q, const at::TensorOptions& opts, ForEach&& for_each) {
-  at::Tensor counts = std::get<1>(first_and_count(q, opts, for_each));
+auto counting_visits(ForEach& for_each) {
+  return [&for_each](int64_t i) {
+    int64_t n = 0;
+    for_each(i, [&](int64_t) { ++n; });
+    return n;
+  };
+}
+
+// Per-query counts and their prefix sums: (offsets [q + 1], counts [q]).
+template <typename CountOf>
+std::tuple<at::Tensor, at::Tensor> count_pass(int64_t q, const at::TensorOptions& opts, CountOf&& count_of) {
+  at::Tensor counts = match_counts(q, opts, count_of);
   at::Tensor offsets = at::zeros({q + 1}, opts);
   if (q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
   return {offsets, counts};
@@ -84,26 +105,40 @@ void fill_pass(int64_t q, const at::Tensor& offsets, at::Tensor& rows, bool sort
   });
 }
 
-template <typename ForEach>
-std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each) {
+// CSR of every query's matches: counted by CountOf (which must count exactly the matches for_each visits: from
+// positions where the index has them), then filled by visiting.
+template <typename ForEach, typename CountOf>
+std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each,
+                                       CountOf&& count_of) {
   at::Tensor offsets, counts;
-  std::tie(offsets, counts) = count_pass(q, opts, for_each);
+  std::tie(offsets, counts) = count_pass(q, opts, count_of);
   at::Tensor rows = at::empty({offsets[q].item<int64_t>()}, opts);
   fill_pass(q, offsets, rows, sort_rows, for_each);
   return {offsets, rows};
 }
 
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor> csr(int64_t q, const at::TensorOptions& opts, bool sort_rows, ForEach&& for_each) {
+  return csr(q, opts, sort_rows, for_each, counting_visits(for_each));
+}
+
 // The fixed-capacity CSR (as cuda_results::csr_capped): rows has `capacity` entries, -1 past the matches;
 // returns (offsets, rows, total as a 0-d tensor).
-template <typename ForEach>
+template <typename ForEach, typename CountOf>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_capped(int64_t q, const at::TensorOptions& opts, bool sort_rows,
-                                                          int64_t capacity, ForEach&& for_each) {
+                                                          int64_t capacity, ForEach&& for_each, CountOf&& count_of) {
   check_capacity(capacity);
   at::Tensor offsets, counts;
-  std::tie(offsets, counts) = count_pass(q, opts, for_each);
+  std::tie(offsets, counts) = count_pass(q, opts, count_of);
   at::Tensor rows = at::full({capacity}, -1, opts);
   fill_pass(q, offsets, rows, sort_rows, for_each);
   return {offsets, rows, offsets.select(0, q).clone()};
+}
+
+template <typename ForEach>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> csr_capped(int64_t q, const at::TensorOptions& opts, bool sort_rows,
+                                                          int64_t capacity, ForEach&& for_each) {
+  return csr_capped(q, opts, sort_rows, capacity, for_each, counting_visits(for_each));
 }
 
 template <typename scalar_t, typename acc_t, typename ForEach>
