@@ -47,6 +47,7 @@ _OPS = [
     "build", "build_done", "lookup", "range_lookup", "aggregate", "range_aggregate", "lookup_all", "range",
     "lookup_all_capped", "range_capped", "update", "update_apply", "update_done", "load_state_dict",
     "gathered_state_dict", "lookup_fixed", "range_lookup_fixed", "aggregate_fixed", "range_aggregate_fixed",
+    "range_count",
 ]
 _OP_CODES = {name: i for i, name in enumerate(_OPS)}
 # Header columns: status, op, key type, key dtype, call number, values dtype, data device type; then
@@ -642,6 +643,9 @@ class ShardedIndex:
         pass that also makes the local row IDs global (pack_answers)."""
         self._maybe_fault("local")
         loc = self._local
+        if op == "range_count":  # the local index counts from positions where it can; no first row to map
+            count = loc.range_count(rlo, rhi).to(torch.int64)
+            return _internal().pack_answers(torch.full_like(count, -1), count, self._l2g[:0])
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
             return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g)
@@ -789,9 +793,9 @@ class ShardedIndex:
         return self._per_query("range_lookup", lo, hi)
 
     def range_count(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
-        """Per range the number of matching pairs over every shard (int64): ``range_lookup(lo, hi).count``,
-        collective."""
-        return self.range_lookup(lo, hi).count
+        """Per range the number of matching pairs over every shard (int64): ``range_lookup(lo, hi).count``, each
+        shard's piece counted by its local index's ``range_count``; collective."""
+        return self._per_query("range_count", lo, hi).count
 
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
         """Point lookups as (match count, sum of the value column over the matches), collective. ``values``:
