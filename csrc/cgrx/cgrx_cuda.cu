@@ -121,17 +121,18 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   const bool positions = static_cast<ResultMode>(p.results.mode) == ResultMode::Count && !p.storage.use_nodes;
   const auto range = [&](uint64_t i, uint64_t& lo, uint64_t& hi) { p.queries.range_as<T>(i, lo, hi); };
   const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
+  const auto serve = [&](uint64_t q, auto&& finder) {
+    if (!positions) return answer_query(p, q, finder, range);
+    uint64_t lo, hi;
+    range(q, lo, hi);
+    store_once(p.results.count + q,
+               static_cast<int64_t>(count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, finder)));
+  };
   for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
-    if (positions) {
-      uint64_t lo, hi;
-      range(q, lo, hi);
-      const uint64_t c = radix ? count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, RadixSearch{})
-                               : count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, find);
-      store_once(p.results.count + q, static_cast<int64_t>(c));
-    } else if (radix)
-      answer_query(p, q, RadixSearch{}, range);
+    if (radix)
+      serve(q, RadixSearch{});
     else
-      answer_query(p, q, find, range);
+      serve(q, find);
   }
 }
 
@@ -241,11 +242,7 @@ at::Tensor cgrx_range_count_cuda(CGRX_LOOKUP_ARGS) {
   TORCH_CHECK(hi.has_value(), "cgrx_range_count counts ranges: hi is required");
   const c10::cuda::CUDAGuard guard(lo.device());
   Launch l(CGRX_FORWARD);
-  at::Tensor count = at::zeros({lo.numel()}, lo.options().dtype(at::kLong));
-  if (l.p.num_reps == 0) return count;
-  l.p.results.count = count.data_ptr<int64_t>();
-  l.run(ResultMode::Count);
-  return count;
+  return cuda_results::match_counts(l, lo.numel(), lo.options().dtype(at::kLong), false);
 }
 
 std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const at::Tensor& values) {

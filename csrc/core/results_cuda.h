@@ -35,16 +35,23 @@ at::Tensor first_rows(Launcher& l, int64_t q, const at::TensorOptions& opts, boo
   return first;
 }
 
+// Per-query match counts (range_count, pass 1 of a CSR lookup); all zero when there is nothing to launch.
+template <typename Launcher>
+at::Tensor match_counts(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index) {
+  at::Tensor counts = at::zeros({q}, opts);
+  if (empty_index || q == 0) return counts;
+  l.p.results.count = counts.data_ptr<int64_t>();
+  l.run(ResultMode::Count);
+  return counts;
+}
+
 // Pass 1 of a CSR lookup: per-query counts and, prefix-summed on the device, the offsets. Returns (offsets,
 // counts); both all zero when there is nothing to launch.
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor> count_pass(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index) {
-  at::Tensor counts = at::zeros({q}, opts);
+  at::Tensor counts = match_counts(l, q, opts, empty_index);
   at::Tensor offsets = at::zeros({q + 1}, opts);
-  if (empty_index || q == 0) return {offsets, counts};
-  l.p.results.count = counts.data_ptr<int64_t>();
-  l.run(ResultMode::Count);
-  offsets.slice(0, 1).copy_(counts.cumsum(0));
+  if (!empty_index && q > 0) offsets.slice(0, 1).copy_(counts.cumsum(0));
   return {offsets, counts};
 }
 
