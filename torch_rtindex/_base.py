@@ -96,6 +96,8 @@ class IndexBase:
 
     #: operator family: the index's operators are ``torch.ops.rtindex.<_OPS>_lookup`` etc.
     _OPS: ClassVar[str]
+    #: the operator that counts ranges without visiting their matches (``range_count``), or None: count by lookup
+    _RANGE_COUNT_OP: ClassVar[str | None] = None
     #: whether ``range`` returns each query's rows in ascending row order (True) or in key order (False)
     range_rows_ascending: ClassVar[bool]
     _STATE_FORMAT: ClassVar[str]
@@ -151,8 +153,8 @@ class IndexBase:
         family = self._op_family()
         # The overloads themselves: calling a packet resolves its overload on every call.
         self._forms = {f: getattr(ops, f"{family}_{f}").default for f in ("lookup", "lookup_rows", "lookup_csr", "lookup_csr_capped", "aggregate")}
-        # Range counts from positions: the cgRX families (whatever their backend); the others count by lookup.
-        self._forms["range_count"] = ops.cgrx_range_count.default if family.startswith("cgrx") else None
+        count_op = self._RANGE_COUNT_OP
+        self._forms["range_count"] = None if count_op is None else getattr(ops, count_op).default
         self._lead = self._index_tensors()
         if self.device.type == "cuda":
             # Under torch.compile(mode="reduce-overhead") the index's tensors are graph inputs; marked static, the

@@ -66,6 +66,7 @@ class CgRXSearch(IndexBase):
     (:class:`~torch_rtindex.UpdatableCgRXIndex`). Each class carries only the settings it honours."""
 
     _OPS = "cgrx"
+    _RANGE_COUNT_OP = "cgrx_range_count"  # every backend: the count is found through the radix table, no rays
     range_rows_ascending = False
 
     def _init_search(self, keys: torch.Tensor, key_type: str | None, backend: str, scene: SceneConfig | None) -> None:

@@ -102,6 +102,19 @@ def cancel_pairs(ik, ir, dk, dr):
     return ranks_within(gi) >= matched[gi], ranks_within(gd) >= matched[gd]
 
 
+def cancel_batch(ik, ir, dk, dr):
+    """A batch after the paper's cancellation: (ik, ir, dk, dr, cancelled insertions) with the insertions and
+    deletions that cancel removed (pairs both inserted and deleted; by key, the insertions of a deleted key). A
+    batch of insertions only or deletions only comes back as it is: nothing cancels, nothing to compute."""
+    if not (ik.numel() and dk.numel()):
+        return ik, ir, dk, dr, 0
+    if dr is not None:
+        keep_ins, keep_del = cancel_pairs(ik, ir, dk, dr)
+        return ik[keep_ins], ir[keep_ins], dk[keep_del], dr[keep_del], ik.numel() - keep_ins.sum()
+    keep_ins = ~torch.isin(ik, dk)
+    return ik[keep_ins], ir[keep_ins], dk, None, ik.numel() - keep_ins.sum()
+
+
 def plan_insertions(nodes: torch.Tensor, node_size: int, used: int, dk, dr, doff, ik, ir, ioff):
     """Plans a batch with insertions (cgrx_nodes_plan): each bucket's first reserved node, and as tensors the
     nodes to reserve, the pairs the deletions remove and the deletion entries that find something. Changes
@@ -347,21 +360,13 @@ class UpdatableCgRXIndex(CgRXSearch):
         dk, dr = self._sorted_side(delete_keys, delete_rows, "delete")
         if self._n + n_ins > MAX_KEYS:
             raise ValueError("an index holds at most 2^32 - 1 keys")
-        found_by_key, cancelled = None, 0
+        found_by_key = None
         if dr is None and dk.numel() and ik.numel():
             # Deletion by key next to insertions: an entry is absent if its key is in neither the index nor the
             # insertions (cancellation removes the latter before the plan sees them). Without insertions the
             # plan counts the entries whose key it found.
             found_by_key = self._present(dk) | torch.isin(dk, ik)
-        if ik.numel() and dk.numel():  # nothing cancels in a batch of insertions only or deletions only
-            if dr is not None:
-                keep_ins, keep_del = cancel_pairs(ik, ir, dk, dr)
-            else:
-                keep_ins = ~torch.isin(ik, dk)
-                keep_del = torch.ones_like(dk, dtype=torch.bool)
-            cancelled = ik.numel() - keep_ins.sum()
-            ik, ir, dk = ik[keep_ins], ir[keep_ins], dk[keep_del]
-            dr = dr[keep_del] if dr is not None else None
+        ik, ir, dk, dr, cancelled = cancel_batch(ik, ir, dk, dr)
         ik, ir, dk = ik.contiguous(), ir.to(torch.int32).contiguous(), dk.contiguous()
         dr = dr.to(torch.int32).contiguous() if dr is not None else None
         ioff, doff = self._bucket_offsets(ik), self._bucket_offsets(dk)

@@ -94,7 +94,7 @@ from ._base import VALUE_DTYPES, _ops, resolve_device
 from ._grouping import group_by, partition_points
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from .cgrx import LAYOUTS, CgRXIndex, CgRXSearch
-from .cgrx_updatable import (UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_pairs, plan_insertions,
+from .cgrx_updatable import (UpdatableCgRXIndex, _check_growth, bucket_offsets, cancel_batch, plan_insertions,
                               ranks_within, sort_pairs)
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 
@@ -847,16 +847,15 @@ class ChunkedIndex:
     def _mapped_view(self, chunk: _Chunk) -> _View:
         """The chunk's structure over its pinned host blob as the GPU addresses it (processors='zero_copy'): a
         CUDA tensor aliasing the host memory (pinned memory is mapped into the GPU's address space at the same
-        address), so the lookup kernels read it over PCIe. Made once per blob, as the host view."""
+        address), so the lookup kernels read it over PCIe. Made once, as the host view."""
         view = chunk.mapped_view
         if view is None:
-            host = self._host(chunk)
-            with chunk.lock:
-                view = chunk.mapped_view = self._view(chunk, torch.as_tensor(_Mapped(host), device=self.device))
+            buf = torch.as_tensor(_Mapped(self._host(chunk)), device=self.device)
+            view = chunk.mapped_view = self._view(chunk, buf)
         return view
 
     def _host_view(self, chunk: _Chunk) -> _View:
-        """The chunk's structure over its host blob (made once: the blob never changes)."""
+        """The chunk's structure over its host blob (made once; an in-place update of a node chunk drops it)."""
         view = chunk.host_view
         if view is None:
             view = chunk.host_view = self._view(chunk, self._host(chunk))
@@ -1669,22 +1668,16 @@ class ChunkedIndex:
         view = self._host_view(chunk)
         if not view.direct:  # rows spanning 2^32 or more sit behind a row map in global row order
             return None
-        idx, base, ops = view.index, chunk.base, _ops()
+        idx, base = view.index, chunk.base
         io = ir - base
         if io.numel() and bool(((io < 0) | (io > MAX_KEYS - 1)).any()):
             return None
-        found_by_key, cancelled = None, 0
+        found_by_key = None
         if dr is None and dk.numel() and ik.numel():
             # By key next to insertions: absent = in neither the chunk nor the insertions (which cancel below).
-            found_by_key = (ops.cgrx_lookup(*idx._lead, idx._cfg_ordered, dk, None)[1] > 0) | torch.isin(dk, ik)
-        if ik.numel() and dk.numel():
-            if dr is not None:
-                keep_ins, keep_del = cancel_pairs(ik, ir, dk, dr)
-            else:
-                keep_ins, keep_del = ~torch.isin(ik, dk), torch.ones_like(dk, dtype=torch.bool)
-            cancelled = int(ik.numel() - keep_ins.sum())
-            ik, io, dk = ik[keep_ins], io[keep_ins], dk[keep_del]
-            dr = None if dr is None else dr[keep_del]
+            found_by_key = idx._present(dk) | torch.isin(dk, ik)
+        ik, ir, dk, dr, cancelled = cancel_batch(ik, ir, dk, dr)
+        cancelled, io = int(cancelled), ir - base
         far, do = 0, None
         if dr is not None:  # a row outside the window is in no pair of the chunk: absent
             do = dr - base
