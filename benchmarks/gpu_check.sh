@@ -28,7 +28,7 @@ header() { echo "# $(date -u +%FT%TZ) commit $commit, $(nvidia-smi --query-gpu=n
 case "${1:-}" in
   suite)
     { header "GPU suite"; python3 -c "import torch, torch_rtindex; print(torch.__version__, torch.cuda.get_device_name())"
-      python3 -m pytest tests -q -x -p no:cacheprovider --ignore=tests/test_sharded.py; echo "rc=$?"; } 2>&1 | log "pytest_$commit.log"
+      python3 -m pytest tests -q --maxfail=5 -p no:cacheprovider --durations=5 --ignore=tests/test_sharded.py; echo "rc=$?"; } 2>&1 | log "pytest_$commit.log"
     ;;
   memcheck)
     { header "memcheck"
