@@ -5,7 +5,7 @@ floor (the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chun
 
 Every answer is checked (against the in-core index where it was built, else against the keys themselves and
 across serving modes) before its time is reported. Prints a table, writes JSON to
-benchmarks/results/<GPU name>/chunked_<commit>.json (or --out).
+benchmarks/results/<GPU name>/chunked_k<log keys>_<commit>.json (or the folder --out).
 
     python benchmarks/chunked_bench.py                       # 2^30 keys, gpu_budget = index bytes / 4
     python benchmarks/chunked_bench.py --log-keys 31         # on an H200
@@ -101,7 +101,7 @@ def main() -> None:
     ap.add_argument("--pcie-gbs", type=float, default=55.0, help="copy rate of the copy floor, GB/s (H100: 55)")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -295,16 +295,7 @@ def main() -> None:
             fl += f" / {r['copied_floor_ms']:.1f}"
         print(f"{r['mode']:9s} {r['dist']:9s} {'2^' + str(r['log_lookups']):>8s} {r['ms']:10.2f} {gl:>8s} {fl:>18s} "
               f"{xf:>8s} {xi:>9s} {hs:>5s} {gs:>9s} {r['checked']}")
-    if args.out:
-        import json
-        from pathlib import Path
-
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        path = args.out
-    else:
-        path = write_json(result, f"chunked_{result['commit']}")
-    print(f"\nwrote {path}")
+    write_json(result, f"chunked_k{args.log_keys}_{result['commit']}", args.out)
     if not all(r["checked"] for r in result["runs"] if "checked" in r):
         print("SOME ANSWERS WERE WRONG", file=sys.stderr)
         sys.exit(1)

@@ -700,14 +700,13 @@ def test_clear_errors(gen):
 
 
 def test_benchmark_smoke_on_cpu(tmp_path):
-    out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "chunked_bench.py"), "--device", "cpu", "--log-keys", "14",
-         "--log-lookups", "10,12", "--zipf", "0.99", "--chunk-mib", "0.0625", "--repeats", "1", "--out", str(out)],
+         "--log-lookups", "10,12", "--zipf", "0.99", "--chunk-mib", "0.0625", "--repeats", "1", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "RTINDEX_COMMIT": "testcommit"},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    result = json.loads(out.read_text())
+    result = json.loads((tmp_path / "chunked_k14_testcommit.json").read_text())
     assert result["commit"] == "testcommit" and result["runs"]
     modes = {r["mode"] for r in result["runs"]}
     assert {"chunked", "cpu_only", "in_core"} <= modes

@@ -969,8 +969,10 @@ class ShardedIndex:
 
     def _eager(self) -> bool:
         """Neither compiling nor capturing a CUDA graph: Python exceptions can be caught and reported."""
-        capturing = self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        return not (torch.compiler.is_compiling() or capturing)
+        # is_compiling first: Dynamo cannot trace the capture query (it returns a bool, a graph break).
+        if torch.compiler.is_compiling():
+            return False
+        return not (self.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
     def _fixed_local(self, fn, shape: tuple[int, int]):
         """The local stage of a fixed-capacity call: (payload [world, 1 + per-rank answer] with this rank's
