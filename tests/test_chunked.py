@@ -277,6 +277,14 @@ def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
     for _ in range(3):
         index.lookup(keys[torch.randint(0, n, (m,), generator=gen)])  # about 80 keys drawn twice per batch
     assert index.stats()["hot_keys"] == 0
+    # A batch larger than the learning sample: the sample must not draw a query twice (with replacement, about
+    # 1000 of its 2000 queries would repeat one and read as keys seen twice).
+    index.hot_sample = 2000
+    index.clear_hot()  # learning paused after the batches above
+    for _ in range(3):
+        index.lookup(keys[torch.randint(0, n, (m,), generator=gen)])
+    assert index.stats()["hot_keys"] == 0 and index.stats()["hot_rebuilds"] == 0
+    index.hot_sample = 1 << 20
     perm = torch.randperm(n, generator=gen)
 
     def zipf_batch(s=1.2):

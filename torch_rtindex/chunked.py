@@ -1197,7 +1197,12 @@ class ChunkedIndex:
             return
         D, q = qlo.device, qlo.numel()
         S = min(q, self.hot_sample)
-        idx = torch.randint(0, q, (S,), device=D) if S < q else torch.arange(q, device=D)
+        # A stratified sample, one query from each of S equal strides: no query drawn twice (drawing with
+        # replacement repeats about S^2 / 2q queries, which read as keys seen twice and built tiers for uniform IDs).
+        stride = q // S
+        idx = torch.arange(S, device=D) * stride
+        if stride > 1:
+            idx += torch.randint(0, stride, (S,), device=D)
         keys, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_counts=True)
         score = seen.to(torch.float32)
         if self._hot_cand is not None:
