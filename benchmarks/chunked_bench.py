@@ -1,7 +1,7 @@
 """ChunkedIndex out of core: an index four times its GPU cache budget, lookups uniform and Zipf-skewed, next to
 the same keys in GPU memory (CgRXIndex, the in-core time), CPU-only serving, GPU-only serving, the GPU's kernels
-reading the pinned host chunks directly (zero-copy, up to 2^--zero-copy-max-log-lookups lookups), and the copy
-floor (the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
+reading the pinned host chunks directly (zero-copy, up to 2^--zero-copy-max-log-lookups lookups), the planned
+serving without in-place reads of small queues (no_in_place), and the copy floor (the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
 
 Every answer is checked (against the in-core index where it was built, else against the keys themselves and
 across serving modes) before its time is reported. Prints a table, writes JSON to
@@ -200,6 +200,9 @@ def main() -> None:
             # chunked: GPU and CPU with the hot tier; no_hot: the chunks alone (skewed batches only);
             # gpu_only / cpu_only: one side serving (cpu_only without the hot tier)
             modes = [("chunked", "auto", True)] + ([("no_hot", "auto", False)] if s else [])
+            # no_in_place: chunked with every GPU queue served from the cache (copied in), the plan before the GPU
+            # could read a small queue's chunk in place
+            modes += [("no_in_place", "auto", True)] if cuda else []
             # zero_copy: the GPU's kernels read the pinned host chunks directly (no cache, no copies)
             modes += [("gpu_only", "gpu", True), ("cpu_only", "cpu", False)]
             modes += [("zero_copy", "zero_copy", False)] if cuda else []
@@ -210,6 +213,7 @@ def main() -> None:
                     result["runs"].append(run)
                     continue
                 index.processors = procs
+                index.read_in_place = False if mode == "no_in_place" else None
                 index.hot_tier = hot
                 index.clear_hot()  # every mode learns its hot keys from its own training batches
                 index.reset_stats()
@@ -227,7 +231,8 @@ def main() -> None:
                     per_batch.append({
                         "ms": ms, "bytes_copied": last["bytes_copied"], "copied_floor_ms": copied_floor,
                         "time_covers_copies": ms >= copied_floor, "queries_gpu": last["queries_gpu"],
-                        "queries_cpu": last["queries_cpu"], "hot_hits": last["hot_hits"],
+                        "queries_cpu": last["queries_cpu"], "queries_in_place": last["queries_in_place"],
+                        "hot_hits": last["hot_hits"],
                         "hot_rebuilds": last["hot_rebuilds"], "chunk_misses": last["chunk_misses"],
                         "plan": last["plan"], "time_s": last["time_s"],
                     })
@@ -248,6 +253,7 @@ def main() -> None:
                     "all_times_cover_copies": all(r["time_covers_copies"] for r in per_batch),
                     "hot_keys": st["hot_keys"], "hot_pairs": st["hot_pairs"], "hot_rebuilds_total": st["hot_rebuilds"],
                     "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"], "gpu_rate": st["gpu_rate"],
+                    "in_place_rate": st["in_place_rate"],
                     "per_batch": per_batch,
                 }
                 result["runs"].append(run)
@@ -255,7 +261,8 @@ def main() -> None:
                 for j, r in enumerate(per_batch):
                     print(f"{mode:9s} {dist:9s} 2^{log_m} batch {j}: {r['ms']:9.2f} ms  copied "
                           f"{r['bytes_copied'] / 2**30:6.2f} GiB (floor {r['copied_floor_ms']:8.2f} ms, "
-                          f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']}  cpu "
+                          f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']} (in place "
+                          f"{r['queries_in_place']})  cpu "
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}", flush=True)
                 if s and hot and mode == "chunked":
                     # The floor for the tier's misses: rank r is drawn with P(rank < K) from the continuous law the

@@ -386,7 +386,9 @@ def test_plan_assigns_by_projected_finish():
 def test_plan_is_a_near_optimal_makespan_and_never_gives_the_cpu_a_later_finish():
     rng = random.Random(3)
     for trial in range(200):
-        rates = Rates(cpu=rng.uniform(0.5, 5), copy=256.0 * rng.uniform(0.5, 5), gpu=rng.uniform(5, 100))
+        # every other trial with the GPU's third way, reading a queue's chunk in place
+        rates = Rates(cpu=rng.uniform(0.5, 5), copy=256.0 * rng.uniform(0.5, 5), gpu=rng.uniform(5, 100),
+                      in_place=rng.uniform(0.5, 20) if trial % 2 else 0.0)
         tasks = [_task(rng.randint(1, 40), rng.random() < 0.3, True, 256 * rng.randint(1, 8)) for _ in range(7)]
         g, p = plan(tasks, rates)
         assert sorted(map(id, g + p)) == sorted(map(id, tasks))
@@ -411,6 +413,80 @@ def test_plan_on_a_batch_like_the_2_20_case():
     share = sum(t.size for t in p) / sum(t.size for t in tasks)
     assert 0.2 < share < 0.8 and all(t.resident for t in tasks if t in g[:17])
     assert _makespan(g, p, rates) < 0.6 * min(_makespan(tasks, [], rates), _makespan([], tasks, rates))
+
+
+def test_plan_reads_queues_in_place_that_cannot_pay_for_a_copy():
+    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9, in_place=2.0)  # a 1024-byte chunk copies in 4 s; in place 0.5 s/query
+    small, big, cached = _task(3, nbytes=1024), _task(20, nbytes=1024), _task(3, True, nbytes=1024)
+    assert rates.reads_in_place(small) and rates.gpu_s(small) == 1.5
+    assert not rates.reads_in_place(big) and rates.gpu_s(big) == 4.0  # 10 s in place against a 4 s copy
+    assert not rates.reads_in_place(cached)  # a cached chunk is read from the cache
+    assert not Rates(cpu=1.0, copy=256.0, gpu=1e9).reads_in_place(small)  # 0: not an option
+    # the 2^20-batch case: 71 chunks of 239 MB, 14768 queries each. In place at 50 M lookups/s a queue takes
+    # 0.3 ms against a 5 ms copy: the GPU reads the uncached chunks in place and takes most of the batch
+    tasks = [_task(14768, i < 17, True, 239 << 20) for i in range(71)]
+    with_, without = Rates(6.5e6, 50e9, 2e9, in_place=5e7), Rates(6.5e6, 50e9, 2e9)
+    g, p = plan(tasks, with_)
+    assert sum(t.size for t in g) > 0.8 * sum(t.size for t in tasks)
+    assert _makespan(g, p, with_) < 0.25 * _makespan(*plan(tasks, without), without)
+
+
+def _fixed_rates(index, monkeypatch, **rates):
+    """Pins the planner's rates (no calibration, no learning), so that a test knows which way each queue goes."""
+    for name, value in rates.items():
+        setattr(index, f"_{name}_rate", value)
+    index._measured = dict.fromkeys(index._measured, True)
+    monkeypatch.setattr(index, "_learn_rates", lambda batch: None)
+
+
+@pytest.mark.parametrize("updatable", [False, True])
+def test_queues_read_in_place_match_the_reference(gen, monkeypatch, updatable):
+    """read_in_place on a CPU index (the GPU's reads of pinned host chunks, as the tests can run them): copies
+    priced out, every uncached queue is read in place; the answers are those of the other ways."""
+    keys = int64_keys("duplicates", 3000, gen)
+    index = chunked(keys, "cpu", gpu_budget=DUP_BUDGET, updatable=updatable, hot_keys=0)
+    assert index.read_in_place is None and index.rates().in_place == 0  # automatic: off on a CPU index
+    index.read_in_place = True
+    _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+    assert index.rates().in_place == 1e9
+    check_all_forms(index, keys, "int64", gen, "cpu", n_q=300)
+    s = index.stats()
+    assert s["queries_in_place"] > 0 and s["chunk_misses"] == 0 and s["queries_in_place"] == s["queries_gpu"]
+    index.read_in_place = False
+    assert index.rates().in_place == 0
+    index.read_in_place = "yes"
+    with pytest.raises(ValueError, match="read_in_place must be None"):
+        index.lookup(keys[:4])
+
+
+def test_in_place_rate_is_calibrated_then_learned(gen):
+    keys = int64_keys("uniform", 4000, gen)
+    index = chunked(keys, "cpu", hot_keys=0)
+    index.read_in_place = True
+    q = keys[torch.randint(0, keys.numel(), (20000,), generator=gen)]  # queues of over 256: calibrated
+    ref = CgRXIndex(keys).lookup(q)
+    for _ in range(3):
+        got = index.lookup(q)
+        assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
+    assert index._measured["in_place"] and index.rates().in_place > 0
+    assert index.stats()["in_place_rate"] is not None
+    index.processors = "gpu"  # GPU-only serving copies chunks in: the baseline in-place reads are measured against
+    assert index.rates().in_place == 0
+
+
+def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
+    """One batch with queues served from the cache and queues read in place (on CUDA: the pinned host chunks
+    through their mapped views), next to the CPU's."""
+    keys = int64_keys("duplicates", 3000, gen)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index.lookup(keys[:1500].to(device))  # fills the cache
+    assert index.stats()["resident_chunks"] > 0
+    index.processors, index.read_in_place = "auto", True
+    _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+    index.reset_stats()
+    check_all_forms(index, keys, "int64", gen, device, n_q=300)
+    s = index.stats()
+    assert s["queries_in_place"] > 0 and s["chunk_hits"] > 0 and s["chunk_misses"] == 0
 
 
 def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():

@@ -17,7 +17,10 @@ in the cache is copied in on a copy stream, overlapping the lookups of the previ
 release the GIL).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
-rate, size / GPU rate)`` (no copy when the chunk is cached). Queues go, in order of CPU cost over GPU cost, to the
+rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks
+in place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue too small to pay for its
+chunk's copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random
+reads over all of host memory run far slower, which is why queues come first). Queues go, in order of CPU cost over GPU cost, to the
 processor whose projected finish with the queue is earlier, then single queues move off the processor that ends
 last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
 end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the
@@ -355,20 +358,30 @@ class _Task:
 @dataclass(frozen=True)
 class Rates:
     """What the planner assumes of the machine: CPU lookups/s (from the host copies), bytes/s copied into the
-    cache, GPU lookups/s (from the cache)."""
+    cache, GPU lookups/s (from the cache) and GPU lookups/s reading a chunk in place in pinned host memory
+    (``in_place``; 0: not an option for this batch)."""
 
     cpu: float
     copy: float
     gpu: float
+    in_place: float = 0.0
 
     def cpu_s(self, t: _Task) -> float:
         return t.size / self.cpu
 
-    def gpu_s(self, t: _Task) -> float:
+    def _copied_s(self, t: _Task) -> float:
         # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
         # slower of its two stages.
         copy = 0.0 if t.resident else _align(t.chunk.nbytes) / self.copy
         return max(copy, t.size / self.gpu)
+
+    def reads_in_place(self, t: _Task) -> bool:
+        """Whether the GPU answers ``t`` reading its chunk where it is rather than copying it in: a queue too small
+        to pay for its chunk's copy (never a cached chunk's)."""
+        return self.in_place > 0 and not t.resident and t.size / self.in_place < self._copied_s(t)
+
+    def gpu_s(self, t: _Task) -> float:
+        return t.size / self.in_place if self.reads_in_place(t) else self._copied_s(t)
 
 
 def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
@@ -507,6 +520,7 @@ class ChunkedIndex:
             is measured against). An attribute: change it between batches.
         critical_mass: ``None`` (default): queues planned by measured rates (module doc, :func:`plan`); an int:
             the GPU takes cached chunks' queues and others of at least this size, the CPU the rest. An attribute.
+
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
         hot_keys: capacity (keys) of the hot tier (module doc), which answers point queries for the hottest keys
@@ -522,6 +536,11 @@ class ChunkedIndex:
             update applies in place to the chunks it touches (module doc, **Updates**).
         node_size, growth: the node chunks' pairs per node (even, 2 .. 4096) and spare node space (a factor in
             1 .. 16) reserved at each chunk's build for in-place updates (``updatable=True`` only).
+
+    The attribute ``read_in_place`` (``None``, ``True`` or ``False``) says whether the planned ``"auto"`` serving
+    may have the GPU answer a queue by reading its chunk in pinned host memory instead of copying it in, where
+    the measured rates say that is faster (small queues): ``None`` (default) where the chunks are pinned and
+    the cache is on CUDA; ``True`` also on a CPU index (reading the host copy: what the tests run).
 
     Lookups: :meth:`lookup`, :meth:`lookup_all`, :meth:`lookup_all_capped`, :meth:`range`, :meth:`range_capped`,
     :meth:`range_lookup`, :meth:`aggregate`, :meth:`range_aggregate` with the answers :class:`CgRXIndex` gives
@@ -632,7 +651,9 @@ class ChunkedIndex:
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
-        self._measured = {"cpu": False, "copy": False, "gpu": False}
+        self._in_place_rate = 0.0  # lookups/s reading a chunk in place: measured before it is ever planned with
+        self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
+        self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
@@ -1000,8 +1021,30 @@ class ChunkedIndex:
 
     def rates(self) -> Rates:
         """The rates the scheduler plans with now: calibrated on the first batch that uses both processors, then
-        measured on every batch (exponential averages)."""
-        return Rates(self._cpu_rate, self._copy_rate, self._gpu_rate)
+        measured on every batch (exponential averages). ``in_place`` is 0 where the GPU does not read queues'
+        chunks in place (:attr:`read_in_place`)."""
+        return Rates(self._cpu_rate, self._copy_rate, self._gpu_rate,
+                     self._in_place_rate if self._in_place_on() and self._measured["in_place"] else 0.0)
+
+    def _in_place_on(self) -> bool:
+        """Whether the planner may have the GPU read a queue's chunk in place (``read_in_place``): only for the
+        planned ``processors="auto"`` with a cache; by default where the chunks are pinned host memory that a
+        CUDA index's kernels can address."""
+        if self.read_in_place not in (None, True, False):
+            raise ValueError(f"read_in_place must be None (automatic), True or False, got {self.read_in_place!r}")
+        if self.processors != "auto" or self.critical_mass is not None or self._cache is None:
+            return False
+        pinned = self.device.type == "cuda" and self._pin
+        if self.read_in_place is None:
+            return pinned
+        if self.read_in_place and self.device.type == "cuda" and not pinned:
+            raise ValueError("read_in_place=True needs the chunks in pinned host memory; set it to None or False")
+        return self.read_in_place
+
+    def _in_place_view(self, chunk: _Chunk) -> _View:
+        """The chunk's structure where it lies in host memory, as the cache's device reads it (on a CPU index,
+        the host view: the tests' stand-in for the GPU's reads over PCIe)."""
+        return self._mapped_view(chunk) if self.device.type == "cuda" else self._host_view(chunk)
 
     def _break_even(self) -> int:
         """The queue size at which copying a mean-sized chunk in costs as long as answering the queue on the CPU."""
@@ -1011,8 +1054,27 @@ class ChunkedIndex:
     def _calibrate(self, batch: "_Batch", tasks: list[_Task]) -> None:
         """Measures the CPU lookup rate and the copy rate once, before the first batch is planned (guesses would
         misplace a whole batch): a slice of the largest queue answered from its host copy, and a slice of its chunk
-        copied into the (still empty) cache."""
+        copied into the (still empty) cache; where the GPU may read chunks in place, the same slice answered so."""
         t = max(tasks, key=lambda t: t.size)
+        if self._in_place_on() and not self._measured["in_place"] and t.size >= 256:
+            part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
+            view = self._in_place_view(t.chunk)
+            qlo, qhi = batch.queue(part, self.device, self)
+            self._answer(view, batch, qlo, qhi, self.device)  # warm
+            if self.device.type == "cuda":
+                stream = torch.cuda.current_stream(self.device)
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(stream)
+                self._answer(view, batch, qlo, qhi, self.device)
+                b.record(stream)
+                b.synchronize()
+                seconds = a.elapsed_time(b) / 1e3
+            else:
+                t0 = time.perf_counter()
+                self._answer(view, batch, qlo, qhi, self.device)
+                seconds = time.perf_counter() - t0
+            self._in_place_rate = part.size / max(seconds, 1e-9)
+            self._measured["in_place"] = True
         if not self._measured["cpu"] and t.size >= 256:
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
             view = self._host_view(t.chunk)
@@ -1297,7 +1359,8 @@ class ChunkedIndex:
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
-        if tasks and gpu_on and cpu_on and self.critical_mass is None and not all(self._measured.values()):
+        wanted = ("cpu", "copy", "gpu", "in_place") if self._in_place_on() else ("cpu", "copy", "gpu")
+        if tasks and gpu_on and cpu_on and self.critical_mass is None and not all(self._measured[k] for k in wanted):
             t0 = time.perf_counter()
             self._calibrate(batch, tasks)
             tm["calibrate"] += time.perf_counter() - t0
@@ -1376,8 +1439,10 @@ class ChunkedIndex:
                     break
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
-                if mapped:
-                    entry, view = None, self._mapped_view(task.chunk)
+                in_place = mapped or sched.rates.reads_in_place(task)
+                if in_place:
+                    entry, view = None, self._in_place_view(task.chunk)
+                    self._count("queries_in_place", task.size)
                 else:
                     entry = cache.entries.get(task.chunk)
                     if entry is None:
@@ -1389,16 +1454,17 @@ class ChunkedIndex:
                         compute.wait_event(entry.ready)
                     view = entry.view
                 qlo, qhi = batch.queue(task, dev, self)
+                timed = batch.in_place_lookups if in_place else batch.gpu_lookups
                 if cuda:
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     a.record(compute)
                     task.result = self._answer(view, batch, qlo, qhi, dev)
                     b.record(compute)
-                    batch.gpu_lookups.append((a, b, task.size))
+                    timed.append((a, b, task.size))
                 else:
                     t1 = time.perf_counter()
                     task.result = self._answer(view, batch, qlo, qhi, dev)
-                    batch.gpu_lookups.append((None, time.perf_counter() - t1, task.size))
+                    timed.append((None, time.perf_counter() - t1, task.size))
                 if entry is not None:
                     cache.tick += 1
                     entry.tick = cache.tick
@@ -1547,14 +1613,15 @@ class ChunkedIndex:
             self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
             self._measured["copy"] = True
         self._stats["time_s"]["copy"] += seconds
-        looked = sum(n for _, _, n in batch.gpu_lookups)
-        busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in batch.gpu_lookups)
-        if looked >= 1024 and busy > 0 and self.processors != "zero_copy":  # the planner's rate reads the cache
-            rate = looked / busy
-            self._gpu_rate = 0.5 * self._gpu_rate + 0.5 * rate if self._measured["gpu"] else rate
-            self._measured["gpu"] = True
+        for timed, name in ((batch.gpu_lookups, "gpu"), (batch.in_place_lookups, "in_place")):
+            looked = sum(n for _, _, n in timed)
+            busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in timed)
+            if looked >= 1024 and busy > 0:
+                rate, old = looked / busy, getattr(self, f"_{name}_rate")
+                setattr(self, f"_{name}_rate", 0.5 * old + 0.5 * rate if self._measured[name] else rate)
+                self._measured[name] = True
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
-        self._stats["gpu_rate"] = self._gpu_rate
+        self._stats["gpu_rate"], self._stats["in_place_rate"] = self._gpu_rate, self._in_place_rate
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
@@ -1865,10 +1932,11 @@ class ChunkedIndex:
         old = getattr(self, "_stats", {}).get("time_s", {}).get("build")
         self._stats = {
             "batches": 0, "queries": 0, "pieces": 0, "hot_hits": 0, "hot_rebuilds": 0, "queries_gpu": 0,
-            "queries_cpu": 0, "chunk_hits": 0, "chunk_misses": 0, "evictions": 0, "bytes_copied": 0,
+            "queries_cpu": 0, "queries_in_place": 0, "chunk_hits": 0, "chunk_misses": 0, "evictions": 0, "bytes_copied": 0,
             "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0, "chunks_updated_in_place": 0,
             "chunks_rebuilt": 0,
             "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
+            "in_place_rate": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
                        "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
@@ -1877,8 +1945,9 @@ class ChunkedIndex:
         if old is not None:
             self._stats["time_s"]["build"] = old
 
-    _PER_BATCH = ("queries", "pieces", "hot_hits", "hot_rebuilds", "queries_gpu", "queries_cpu", "chunk_hits",
-                  "chunk_misses", "evictions", "bytes_copied", "bytes_calibration", "disk_loads", "bytes_loaded")
+    _PER_BATCH = ("queries", "pieces", "hot_hits", "hot_rebuilds", "queries_gpu", "queries_cpu", "queries_in_place",
+                  "chunk_hits", "chunk_misses", "evictions", "bytes_copied", "bytes_calibration", "disk_loads",
+                  "bytes_loaded")
 
     def _snapshot(self) -> dict[str, Any]:
         with self._stats_lock:
@@ -1898,7 +1967,8 @@ class ChunkedIndex:
 
     def stats(self) -> dict[str, Any]:
         """Counters since construction or :meth:`reset_stats`: batches, queries and pieces (a range's share of
-        one chunk), queries answered by the GPU (the cache tier) and by the CPU, chunk hits and misses of the
+        one chunk), queries answered by the GPU (the cache tier, or reading their chunk in place: also counted in
+        ``queries_in_place``) and by the CPU, chunk hits and misses of the
         GPU's queues, evictions, bytes copied into the cache (and by the one-time calibration) and read from
         disk, hot-tier hits and rebuilds, chunks updated in place (``chunks_updated_in_place``) and rebuilt
         (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
@@ -2008,6 +2078,7 @@ class _Batch:
     part_event: Any
     copies: list = field(default_factory=list)
     gpu_lookups: list = field(default_factory=list)  # (start event, end event or seconds, queries) per GPU queue
+    in_place_lookups: list = field(default_factory=list)  # the same for queues the GPU read in place
     cpu_queries: int = 0
     cpu_time: float = 0.0
     cpu_copy_bytes: int = 0
