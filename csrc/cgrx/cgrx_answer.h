@@ -20,6 +20,13 @@ struct Storage {
 // a unit (a line of a bucket, cgrx_core.h) instead of a bucket.
 struct RadixSearch {};
 
+// The radix backend's search over read-only pairs: the first pair >= k lies in [begin, begin + span), where
+// span = radix_unit_pairs(...) and first() < k <= the largest key.
+RTX_HD uint64_t radix_unit_begin(const Pairs& p, const RadixTable& t, uint64_t span, uint64_t k) {
+  const auto unit_rep = [&](uint64_t c) { return p.key(group_last(c, span, p.n)); };
+  return t.lower_bound(k, unit_rep) * span;
+}
+
 // The position of the first pair >= k among the sorted pairs (p.n where none): the search every lookup of the
 // read-only index starts with. `find(k)` returns the bucket of the first representative >= k (or kNoBucket), for
 // reps[0] < k <= reps[m-1]; or it is RadixSearch. `table` is the index's radix table (its flags serve every backend).
@@ -33,8 +40,7 @@ RTX_HD uint64_t pairs_lower_bound(const Pairs& p, const uint64_t* reps, uint64_t
   if constexpr (radix) {
     const RadixTable t(table);
     span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
-    const auto unit_rep = [&](uint64_t c) { return p.key(group_last(c, span, p.n)); };
-    if (k > t.first()) begin = t.lower_bound(k, unit_rep) * span;
+    if (k > t.first()) begin = radix_unit_begin(p, t, span, k);
   } else if (k > reps[0]) {
     const uint64_t b = find(k);
     if (b == kNoBucket || b >= m) return p.n;

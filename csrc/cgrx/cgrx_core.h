@@ -46,6 +46,14 @@ struct Pairs {
     }
   }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
+  // Where pair i's key and row ID lie (for prefetching).
+  RTX_HD const uint32_t* key_address(uint64_t i) const {
+    return data + (layout == static_cast<uint32_t>(Layout::PackedRow) ? 3 * i
+                   : layout == static_cast<uint32_t>(Layout::AlignedRow) ? 4 * i : 2 * i);
+  }
+  RTX_HD const uint32_t* row_address(uint64_t i) const {
+    return layout == static_cast<uint32_t>(Layout::Column) ? data + 2 * n + i : key_address(i);
+  }
 
   // First position in [begin, end) whose key is >= k; the pair at end - 1 is >= k (or end is n).
   RTX_HD uint64_t lower_bound_in(uint64_t begin, uint64_t end, uint64_t k) const {
@@ -201,22 +209,39 @@ struct RadixTable {
   RTX_HD const RadixWord* words() const {
     return reinterpret_cast<const RadixWord*>(entries() + (uint64_t(1) << log2_slots()) + 1);
   }
+  // The slice of key k (first() <= k): entries j and j + 1 bound the units that may hold the first >= k.
+  RTX_HD static uint64_t slot_of(uint64_t k, uint64_t first, int shift) { return shift >= 64 ? 0 : (k - first) >> shift; }
+  RTX_HD uint64_t slot(uint64_t k) const { return slot_of(k, first(), shift()); }
 
   // The first unit whose representative is >= k, for first() < k <= the last representative; rep(c) reads
   // unit c's representative (only for words equal to the key's).
+  // The first unit of slice j whose word is >= kw (the key's word): the answer, unless its word equals kw.
+  RTX_HD uint64_t first_word_at_least(uint64_t j, RadixWord kw) const {
+    const uint32_t* e = entries();
+    const RadixWord* w = words();
+    uint64_t lo = load_resident(e + j), hi = load_resident(e + j + 1);
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) >> 1;
+      if (load_resident(w + mid) < kw) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  }
+  // The same for key k (first() < k): the unit lower_bound answers with, or the first it reads to decide.
+  RTX_HD uint64_t candidate(uint64_t k) const {
+    const int s = shift();
+    const uint64_t f = first();
+    return first_word_at_least(slot_of(k, f, s), radix_word(k, f, s));
+  }
+
   template <typename Rep>
   RTX_HD uint64_t lower_bound(uint64_t k, Rep&& rep) const {
     const int s = shift();
     const uint64_t f = first();
-    const uint64_t j = s >= 64 ? 0 : (k - f) >> s;
+    const uint64_t j = slot_of(k, f, s);
     const uint32_t* e = entries();
     const RadixWord* w = words();
-    uint64_t lo = load_resident(e + j), hi = load_resident(e + j + 1);
     const RadixWord kw = radix_word(k, f, s);
-    while (lo < hi) {  // first word >= the key's
-      const uint64_t mid = (lo + hi) >> 1;
-      if (load_resident(w + mid) < kw) lo = mid + 1; else hi = mid;
-    }
+    uint64_t lo = first_word_at_least(j, kw);
     if (s <= kRadixWordBits) return lo;  // exact words: an equal word is an equal representative
     uint64_t end = load_resident(e + j + 1);  // past the units whose word equals the key's
     for (uint64_t a = lo; a < end;) {
