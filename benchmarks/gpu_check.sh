@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh suite      # build, then the GPU test suite (all but the two-GPU sharded tests)
 #   bash benchmarks/gpu_check.sh memcheck   # compute-sanitizer memcheck over the lookup, build, range count,
-#                                           # partition and out-of-core (zero-copy, node chunk) tests and the
+#                                           # partition and out-of-core (zero-copy, in-place, node chunk) tests and the
 #                                           # one-GPU sharded test
 #   bash benchmarks/gpu_check.sh small      # small-batch bench (2^24 keys) and its breakdown
 #   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: every cgRX backend, the hash table, the
@@ -37,7 +37,7 @@ case "${1:-}" in
     { header "memcheck"
       compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
         tests/test_opcheck.py tests/test_cgrx.py tests/test_chunked.py tests/test_partition.py \
-        -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or partition or pack or scatter)) or zero_copy_serving"
+        -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or read_in_place or partition or pack or scatter)) or zero_copy_serving"
       echo "rc=$?"
       # The sharded lookups through NCCL with one rank (its worker process is checked too). NCCL's start-up asks
       # for kernel images of other architectures and handles the refusal: API errors are not reported here.
