@@ -108,7 +108,7 @@ def test_both_processors_share_a_batch(gen):
     for _ in range(3):
         # as fast as each other: the planner gives both processors a share
         index._cpu_rate = index._copy_rate = index._gpu_rate = 1e6
-        index._measured = {"cpu": True, "copy": True, "gpu": True}
+        index._measured = dict.fromkeys(index._measured, True)
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     s = index.stats()
@@ -173,7 +173,7 @@ def test_budgets(gen):
     index.lookup(q)
     index.reset_stats()
     index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
-    index._gpu_rate, index._measured = 1e15, {"cpu": True, "copy": True, "gpu": True}
+    index._gpu_rate, index._measured = 1e15, dict.fromkeys(index._measured, True)
     index.lookup(q)
     s = index.stats()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -302,6 +302,20 @@ def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
     got, want = index.lookup(fresh), CgRXIndex(keys).lookup(fresh)
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
     assert index.stats()["last_batch"]["hot_hits"] > 0.6 * m
+
+
+def test_hot_tier_samples_the_whole_batch(gen):
+    """A batch between one and two samples long: the sample spans all of it (a sample of its front would miss
+    hot keys that come at its end, as when a batch joins two request streams)."""
+    n = 100000
+    keys = int64_keys("uniform", n, gen)
+    index = chunked(keys, "cpu", gpu_budget=1 << 22, hot_keys=500, hot_sample=2000)
+    hot = keys[:10]
+    cold = keys[torch.randperm(n, generator=gen)[:2000] + 0]
+    batch = torch.cat([cold, hot.repeat(100)])  # 3000 queries: the hot keys only in the last third
+    index.lookup(batch)
+    assert index.stats()["hot_keys"] > 0
+    assert bool(torch.isin(hot, index._tier["keys"]).all())  # int64 keys: the tier keeps them as they are
 
 
 def test_per_batch_stats_equal_what_moved(gen):

@@ -653,6 +653,7 @@ class ChunkedIndex:
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
         self._in_place_rate = 0.0  # lookups/s reading a chunk in place: measured before it is ever planned with
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
+        self._calibrated: set[str] = set()  # rates _calibrate has measured (each once; batches measure them after)
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1056,11 +1057,15 @@ class ChunkedIndex:
         misplace a whole batch): a slice of the largest queue answered from its host copy, and a slice of its chunk
         copied into the (still empty) cache; where the GPU may read chunks in place, the same slice answered so."""
         t = max(tasks, key=lambda t: t.size)
-        if self._in_place_on() and not self._measured["in_place"] and t.size >= 256:
-            part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
+        if self._in_place_on() and not self._measured["in_place"] and t.size >= 512:
+            # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from
+            # the caches, not over PCIe.
+            warm = min(t.size // 8, 256)
             view = self._in_place_view(t.chunk)
+            qlo, qhi = batch.queue(_Task(t.chunk, t.start, warm, False, t.fits), self.device, self)
+            self._answer(view, batch, qlo, qhi, self.device)
+            part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
             qlo, qhi = batch.queue(part, self.device, self)
-            self._answer(view, batch, qlo, qhi, self.device)  # warm
             if self.device.type == "cuda":
                 stream = torch.cuda.current_stream(self.device)
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -1075,6 +1080,7 @@ class ChunkedIndex:
                 seconds = time.perf_counter() - t0
             self._in_place_rate = part.size / max(seconds, 1e-9)
             self._measured["in_place"] = True
+            self._calibrated.add("in_place")
         if not self._measured["cpu"] and t.size >= 256:
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
             view = self._host_view(t.chunk)
@@ -1084,6 +1090,7 @@ class ChunkedIndex:
             self._answer(view, batch, qlo, qhi, torch.device("cpu"))
             self._cpu_rate = part.size / max(time.perf_counter() - t0, 1e-9)
             self._measured["cpu"] = True
+            self._calibrated.add("cpu")
         cache = self._cache
         if not self._measured["copy"] and cache is not None and not cache.entries:
             host = self._host(t.chunk)
@@ -1105,6 +1112,7 @@ class ChunkedIndex:
                 buf[:size].copy_(host[:size])
                 seconds = time.perf_counter() - t0
             self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
+            self._calibrated.add("copy")  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
                 self._copy_rate = size / max(seconds, 1e-9)
                 self._measured["copy"] = True
@@ -1258,13 +1266,16 @@ class ChunkedIndex:
             self._hot_skip -= 1
             return
         D, q = qlo.device, qlo.numel()
+        if isinstance(self.hot_sample, bool) or not isinstance(self.hot_sample, int) or self.hot_sample < 1:
+            raise ValueError(f"hot_sample must be a positive integer, got {self.hot_sample!r}")
         S = min(q, self.hot_sample)
-        # A stratified sample, one query from each of S equal strides: no query drawn twice (drawing with
-        # replacement repeats about S^2 / 2q queries, which read as keys seen twice and built tiers for uniform IDs).
-        stride = q // S
-        idx = torch.arange(S, device=D) * stride
-        if stride > 1:
-            idx += torch.randint(0, stride, (S,), device=D)
+        # A stratified sample, one query from each of S strata spanning the whole batch: no query drawn twice
+        # (drawing with replacement repeats about S^2 / 2q queries, which read as keys seen twice and built
+        # tiers for uniform IDs), and no part of the batch left out.
+        i = torch.arange(S, device=D)
+        lo = i * q // S
+        width = (i + 1) * q // S - lo
+        idx = lo + (torch.rand(S, device=D) * width).long().clamp_(max=width - 1)
         keys, seen = torch.unique(qlo.index_select(0, idx) ^ TOP, return_counts=True)
         score = seen.to(torch.float32)
         if self._hot_cand is not None:
@@ -1359,8 +1370,10 @@ class ChunkedIndex:
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
-        wanted = ("cpu", "copy", "gpu", "in_place") if self._in_place_on() else ("cpu", "copy", "gpu")
-        if tasks and gpu_on and cpu_on and self.critical_mass is None and not all(self._measured[k] for k in wanted):
+        # The rates the calibration measures (the GPU's lookup rate comes from the batches alone).
+        wanted = ("cpu", "copy", "in_place") if self._in_place_on() else ("cpu", "copy")
+        if (tasks and gpu_on and cpu_on and self.critical_mass is None
+                and any(not self._measured[k] and k not in self._calibrated for k in wanted)):
             t0 = time.perf_counter()
             self._calibrate(batch, tasks)
             tm["calibrate"] += time.perf_counter() - t0
@@ -1442,7 +1455,6 @@ class ChunkedIndex:
                 in_place = mapped or sched.rates.reads_in_place(task)
                 if in_place:
                     entry, view = None, self._in_place_view(task.chunk)
-                    self._count("queries_in_place", task.size)
                 else:
                     entry = cache.entries.get(task.chunk)
                     if entry is None:
@@ -1475,6 +1487,8 @@ class ChunkedIndex:
                     if entry is not None:
                         entry.last_use = done
                 self._count("queries_gpu", task.size)
+                if in_place:
+                    self._count("queries_in_place", task.size)
                 tm["gpu_issue"] += time.perf_counter() - t0
         finally:
             for ev in inflight:
@@ -1613,7 +1627,11 @@ class ChunkedIndex:
             self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
             self._measured["copy"] = True
         self._stats["time_s"]["copy"] += seconds
-        for timed, name in ((batch.gpu_lookups, "gpu"), (batch.in_place_lookups, "in_place")):
+        # A zero_copy batch reads every queue in place, of every size: not the small queues the planner's rate
+        # is for.
+        learned = [(batch.gpu_lookups, "gpu")] + ([] if self.processors == "zero_copy" else
+                                                  [(batch.in_place_lookups, "in_place")])
+        for timed, name in learned:
             looked = sum(n for _, _, n in timed)
             busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in timed)
             if looked >= 1024 and busy > 0:
@@ -1621,7 +1639,8 @@ class ChunkedIndex:
                 setattr(self, f"_{name}_rate", 0.5 * old + 0.5 * rate if self._measured[name] else rate)
                 self._measured[name] = True
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
-        self._stats["gpu_rate"], self._stats["in_place_rate"] = self._gpu_rate, self._in_place_rate
+        self._stats["gpu_rate"] = self._gpu_rate
+        self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
