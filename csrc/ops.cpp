@@ -174,6 +174,9 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // Answer rows [n, 2] to the caller's order: column j of row i lands at positions[i] of output j (positions: a
   // permutation of 0 .. n - 1).
   m.def("scatter_answers(Tensor answers, Tensor positions) -> (Tensor, Tensor)");
+  // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
+  // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.
+  m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
   m.def("config_schema() -> str", &config_schema);

@@ -95,6 +95,29 @@ def test_pack_and_scatter_answers(device, gen):
     assert first.is_contiguous() and second.is_contiguous()
 
 
+@pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64, None])
+def test_global_rows(device, gen, map_dtype):
+    """A chunk's local rows as global ones: -1 stays, int32 maps are unsigned offsets, no map: the row's own
+    32-bit offset; always plus base."""
+    n, m, base = 5000, 300, 2**40 + 7
+    local = torch.randint(-1, m, (n,), generator=gen)
+    if map_dtype is None:
+        l2g = torch.empty(0, dtype=torch.int32)
+        want = torch.where(local >= 0, (local & 0xFFFFFFFF) + base, -1)
+    else:
+        offsets = torch.sort(torch.randint(0, 2**32, (m,), generator=gen)).values  # past 2^31: negative as int32
+        l2g = offsets.to(torch.int32) if map_dtype == torch.int32 else offsets
+        want = torch.where(local >= 0, offsets[local.clamp(min=0)] + base, -1)
+    got = internal.global_rows(local.to(device), l2g.to(device), base)
+    assert torch.equal(got.cpu(), want)
+    assert internal.global_rows(local[:0].to(device), l2g.to(device), base).numel() == 0
+    if device.type == "cpu" and map_dtype is not None:
+        with pytest.raises(RuntimeError, match="past local_to_global"):
+            internal.global_rows(torch.tensor([m]), l2g, base)
+    with pytest.raises(RuntimeError, match="local must be a 1-D int64"):
+        internal.global_rows(local.to(torch.int32).to(device), l2g.to(device), base)
+
+
 def test_opcheck(device, gen):
     q = keys_of_type("float64", 200, gen).to(device)
     sp = splitters_from(ops.map_keys(q.cpu(), KEY_TYPES["float64"]), 3, gen).to(device)
@@ -104,6 +127,7 @@ def test_opcheck(device, gen):
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int64, device=device),
                                  torch.arange(20, device=device) * 3)),
         (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
+        (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
     ]:
         if device.type == "cuda" and op is internal.partition_queries:
             continue  # order within a bucket may differ between the runs opcheck compares

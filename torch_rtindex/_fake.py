@@ -190,6 +190,11 @@ def _(a, b, local_to_global):
     return a.new_empty((a.shape[0], 2), dtype=torch.int64)
 
 
+@register_fake("rtindex_internal::global_rows")
+def _(local, local_to_global, base):
+    return torch.empty_like(local)
+
+
 @register_fake("rtindex_internal::scatter_answers")
 def _(answers, positions):
     n = answers.shape[0]

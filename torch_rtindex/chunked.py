@@ -204,10 +204,10 @@ class _View:
     direct: bool = False
 
     def global_rows(self, local: torch.Tensor) -> torch.Tensor:
-        """Local row IDs (all valid) as global ones."""
-        if self.direct:
-            return (local.to(torch.int64) & 0xFFFFFFFF) + self.base
-        return self._widen(self.l2g.index_select(0, local)) + self.base
+        """Local row IDs (int64; -1, no row, stays -1) as global ones, in one operator pass: every queue's
+        answer goes through here, and the same steps as separate tensor operations cost a queue several
+        launches (a GPU) or small passes (the CPU)."""
+        return torch.ops.rtindex_internal.global_rows(local, self.l2g, self.base)
 
     @staticmethod
     def _widen(offsets: torch.Tensor) -> torch.Tensor:
@@ -217,7 +217,7 @@ class _View:
     def global_first(self, first: torch.Tensor) -> torch.Tensor:
         if self.l2g.numel() == 0 and not self.direct:
             return first
-        return torch.where(first >= 0, self.global_rows(first.clamp(min=0)), first)
+        return self.global_rows(first)
 
     def all_rows(self) -> torch.Tensor:
         return self._widen(self.l2g) + self.base

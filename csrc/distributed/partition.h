@@ -24,6 +24,20 @@ RTX_HD int64_t owner_of(uint64_t k, const uint64_t* splitters, int64_t num_split
   return (base - splitters) + (*base <= k ? 1 : 0);
 }
 
+// A local row ID as a global one (the out-of-core index's chunks): -1 (no row) stays -1; otherwise the map's
+// offset for it (int32 maps hold unsigned 32-bit offsets) or, with no map (m = 0), the row's own 32-bit offset,
+// plus base. A row past the map cannot come from the chunk's index: it answers -1 and sets *bad.
+template <typename Map>
+RTX_HD int64_t global_row(int64_t v, const Map* map, int64_t m, int64_t base, bool* bad) {
+  if (v < 0) return v;
+  if (m == 0) return (v & 0xFFFFFFFFLL) + base;
+  if (v >= m) {
+    *bad = true;
+    return -1;
+  }
+  return (sizeof(Map) == 4 ? (static_cast<int64_t>(map[v]) & 0xFFFFFFFFLL) : static_cast<int64_t>(map[v])) + base;
+}
+
 // Query i of n in `chunks` contiguous chunks: chunk c holds queries [ceil(c n / chunks), ceil((c + 1) n / chunks)).
 // The caller checks that n * chunks fits in 64 bits.
 RTX_HD int64_t chunk_of(uint64_t i, uint64_t n, uint64_t chunks) {

@@ -34,6 +34,14 @@ inline void check_answers(const at::Tensor& answers, const at::Tensor& positions
   check_same_device(answers, positions, "answers", "positions");
 }
 
+inline void check_global_rows_args(const at::Tensor& local, const at::Tensor& local_to_global) {
+  TORCH_CHECK(local.dim() == 1 && local.scalar_type() == at::kLong, "local must be a 1-D int64 tensor");
+  TORCH_CHECK(local_to_global.dim() == 1 && (local_to_global.scalar_type() == at::kLong ||
+                                             local_to_global.scalar_type() == at::kInt),
+              "local_to_global must be a 1-D int32 (unsigned offsets) or int64 tensor");
+  check_same_device(local, local_to_global, "local", "local_to_global");
+}
+
 inline void check_pack_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel(), "a and b must be 1-D of one length");
   TORCH_CHECK(a.scalar_type() == at::kLong && b.scalar_type() == at::kLong, "a and b must be int64");

@@ -110,6 +110,26 @@ at::Tensor pack_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::
   return out;
 }
 
+at::Tensor global_rows_cpu(const at::Tensor& local, const at::Tensor& local_to_global, int64_t base) {
+  check_global_rows_args(local, local_to_global);
+  const at::Tensor cl = local.contiguous(), l2g = local_to_global.contiguous();
+  const int64_t n = cl.numel(), m = l2g.numel();
+  at::Tensor out = at::empty({n}, cl.options());
+  const int64_t* pl = cl.data_ptr<int64_t>();
+  int64_t* po = out.data_ptr<int64_t>();
+  std::atomic<bool> bad{false};
+  const auto run = [&](const auto* map) {
+    at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
+      bool b = false;
+      for (int64_t i = s; i < e; ++i) po[i] = global_row(pl[i], map, m, base, &b);
+      if (b) bad.store(true, std::memory_order_relaxed);
+    });
+  };
+  if (l2g.scalar_type() == at::kInt) run(l2g.data_ptr<int32_t>()); else run(l2g.data_ptr<int64_t>());
+  TORCH_CHECK(!bad.load(), "global_rows: a local row ID is past local_to_global (", m, " rows)");
+  return out;
+}
+
 // answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
 std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
   check_answers(answers, positions);
@@ -140,6 +160,7 @@ std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers
 
 TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("partition_queries", &partition_queries_cpu);
+  m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
   m.impl("scatter_answers", &scatter_answers_cpu);
 }

@@ -171,6 +171,32 @@ at::Tensor pack_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at:
   return out;
 }
 
+template <typename Map>
+__global__ void global_rows_kernel(const int64_t* __restrict__ local, const Map* __restrict__ map, int64_t m,
+                                   int64_t base, int64_t n, int64_t* __restrict__ out) {
+  bool bad = false;  // past the map cannot come from a chunk's index; the CPU kernel raises, here it answers -1
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = global_row(local[i], map, m, base, &bad);
+}
+
+at::Tensor global_rows_cuda(const at::Tensor& local, const at::Tensor& local_to_global, int64_t base) {
+  check_global_rows_args(local, local_to_global);
+  const c10::cuda::CUDAGuard guard(local.device());
+  const at::Tensor cl = local.contiguous(), l2g = local_to_global.contiguous();
+  const int64_t n = cl.numel();
+  at::Tensor out = at::empty({n}, cl.options());
+  if (n == 0) return out;
+  if (l2g.scalar_type() == at::kInt) {
+    global_rows_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(cl.data_ptr<int64_t>(), l2g.data_ptr<int32_t>(),
+                                                                     l2g.numel(), base, n, out.data_ptr<int64_t>());
+  } else {
+    global_rows_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(cl.data_ptr<int64_t>(), l2g.data_ptr<int64_t>(),
+                                                                     l2g.numel(), base, n, out.data_ptr<int64_t>());
+  }
+  RTX_CHECK_LAUNCH();
+  return out;
+}
+
 __global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t n,
                                        int64_t* __restrict__ first, int64_t* __restrict__ second) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
@@ -205,6 +231,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("partition_queries", &partition_queries_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
   m.impl("scatter_answers", &scatter_answers_cuda);
+  m.impl("global_rows", &global_rows_cuda);
 }
 
 }  // namespace rtindex
