@@ -50,7 +50,7 @@ case "${1:-}" in
     { header "small batches"
       # Eager and graph replay at every size; the compiled columns (slow to compile) at two sizes.
       python3 benchmarks/small_batch_bench.py --no-compile --log-keys 24 --log-queries 4 10 14 17 20 24 --out "$out"
-      python3 benchmarks/small_batch_bench.py --log-keys 24 --log-queries 4 14
+      python3 benchmarks/small_batch_bench.py --log-keys 24 --log-queries 4 14 --out "$out/compiled"
       python3 benchmarks/small_batch_bench.py --breakdown --log-keys 24 --log-queries 4 14
       echo "rc=$?"; } 2>&1 | log "small_batch_$commit.log"
     ;;
