@@ -266,6 +266,12 @@ def test_hot_tier_warm_learning_and_pauses(gen):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0).warm(keys[:3])
     with pytest.raises(ValueError, match="hot_keys=40000 takes"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=40000)
+    with pytest.raises(ValueError, match="hot_sample must be None"):
+        chunked(keys, "cpu", gpu_budget=1 << 20, hot_sample=0)
+    assert index.hot_sample is None  # by the queries' device
+    index.hot_sample = 2.5
+    with pytest.raises(ValueError, match="hot_sample must be None"):
+        index.lookup(keys[:10])
 
 
 def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
@@ -284,7 +290,7 @@ def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
     for _ in range(3):
         index.lookup(keys[torch.randint(0, n, (m,), generator=gen)])
     assert index.stats()["hot_keys"] == 0 and index.stats()["hot_rebuilds"] == 0
-    index.hot_sample = 1 << 20
+    index.hot_sample = None
     perm = torch.randperm(n, generator=gen)
 
     def zipf_batch(s=1.2):

@@ -122,6 +122,7 @@ HOT_DECAY = 0.5  # a candidate's count halves every batch
 HOT_REPEAT = 2.0  # a key counts as hot once its decayed count reaches this: a key seen once says nothing
 HOT_USEFUL, HOT_PAUSE = 0.01, 8  # learning that finds under 1% of a batch worth a tier pauses for 8 batches
 HOT_DRIFT = 0.02  # rebuild when the candidates would answer this share of a batch more than the tier did
+HOT_SAMPLE_GPU, HOT_SAMPLE_CPU = 1 << 20, 1 << 16  # the default learning sample, by the queries' device
 HOT_GT_EXACT = 5  # Good-Turing estimates for keys seen fewer times than this in a sample, raw counts above
 
 
@@ -527,7 +528,9 @@ class ChunkedIndex:
             completely on the queries' device. ``None`` (default): a sixteenth of ``gpu_budget`` at 40 bytes per
             key (at most 2^24 keys), taken from the chunk cache, if the rest still holds two chunks; 0: off. The
             attributes ``hot_tier`` (use it) and ``hot_learn`` (learn its keys) switch it per batch.
-        hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch).
+        hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch). ``None``
+            (default): 2^20 where the queries are on a GPU, 2^16 on the CPU, where counting a larger sample
+            costs more than the hits it adds (``benchmarks/results/``). An attribute.
         progress: show a progress bar (tqdm, if installed) for builds that take more than a few seconds;
             ``None``: when stderr is a terminal.
         updatable: ``False`` (default): each chunk is a read-only cgRX index (sorted pairs), and an update
@@ -571,7 +574,7 @@ class ChunkedIndex:
         eviction: str = "demand",
         pipeline_depth: int = 2,
         hot_keys: int | None = None,
-        hot_sample: int = 1 << 20,
+        hot_sample: int | None = None,
         progress: bool | None = None,
         updatable: bool = False,
         node_size: int = 32,
@@ -618,8 +621,7 @@ class ChunkedIndex:
             raise ValueError(f"pipeline_depth must be a positive integer, got {pipeline_depth!r}")
         if hot_keys is not None and (isinstance(hot_keys, bool) or not isinstance(hot_keys, int) or hot_keys < 0):
             raise ValueError(f"hot_keys must be None (automatic) or a non-negative integer, got {hot_keys!r}")
-        if isinstance(hot_sample, bool) or not isinstance(hot_sample, int) or hot_sample < 1:
-            raise ValueError(f"hot_sample must be a positive integer, got {hot_sample!r}")
+        _check_hot_sample(hot_sample)
         dev = resolve_device(device if device is not None else ("cuda" if _cuda_ok() else "cpu"))
         if dev.type == "cuda" and not _cuda_ok():
             raise ValueError("device='cuda' but CUDA is not available; pass device='cpu'")
@@ -1120,6 +1122,7 @@ class ChunkedIndex:
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
         t_start = time.perf_counter()
         qlo, qhi = self._check_queries(lo, hi)
+        _check_hot_sample(self.hot_sample)  # an attribute: checked before the batch is served
         D = qlo.device
         if values is not None:
             values = self._check_values(values, D)
@@ -1266,9 +1269,10 @@ class ChunkedIndex:
             self._hot_skip -= 1
             return
         D, q = qlo.device, qlo.numel()
-        if isinstance(self.hot_sample, bool) or not isinstance(self.hot_sample, int) or self.hot_sample < 1:
-            raise ValueError(f"hot_sample must be a positive integer, got {self.hot_sample!r}")
-        S = min(q, self.hot_sample)
+        if self.hot_sample is not None:
+            S = min(q, self.hot_sample)
+        else:
+            S = min(q, HOT_SAMPLE_GPU if D.type == "cuda" else HOT_SAMPLE_CPU)
         # A stratified sample, one query from each of S strata spanning the whole batch: no query drawn twice
         # (drawing with replacement repeats about S^2 / 2q queries, which read as keys seen twice and built
         # tiers for uniform IDs), and no part of the batch left out.
@@ -1908,7 +1912,7 @@ class ChunkedIndex:
     def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
              device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,
              eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
-             hot_sample: int = 1 << 20, updatable: bool | None = None) -> "ChunkedIndex":
+             hot_sample: int | None = None, updatable: bool | None = None) -> "ChunkedIndex":
         """The index saved in ``directory`` (its current generation), without a rebuild: chunk files are read
         lazily, on first use, and checked then (size and CRC-32). ``updatable``: ``None`` (default) as saved;
         ``True`` / ``False`` switch the kind of chunk that updates make: each chunk keeps its saved kind (both
@@ -2122,6 +2126,11 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+def _check_hot_sample(hot_sample) -> None:
+    if hot_sample is not None and (isinstance(hot_sample, bool) or not isinstance(hot_sample, int) or hot_sample < 1):
+        raise ValueError(f"hot_sample must be None (by device) or a positive integer, got {hot_sample!r}")
+
+
 def _capacity(capacity: int) -> int:
     if isinstance(capacity, bool) or not isinstance(capacity, int):
         raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
