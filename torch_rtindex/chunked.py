@@ -17,18 +17,18 @@ in the cache is copied in on a copy stream, overlapping the lookups of the previ
 release the GIL).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
-rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks
-in place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue too small to pay for its
-chunk's copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random
-reads over all of host memory run far slower, which is why queues come first). Queues go, in order of CPU cost over GPU cost, to the
-processor whose projected finish with the queue is earlier, then single queues move off the processor that ends
-last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
-end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the
-paper's scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it
-before the other got through its backlog. The rates are calibrated once on the first batch that uses both
-processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch
-(exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a
-fixed rule: the GPU takes cached chunks' queues and others of at least that size.
+rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
+place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue too small to pay for its chunk's
+copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random reads over
+all of host memory run far slower, which is why queues come first). Queues go, in order of CPU cost over GPU cost,
+to the processor whose projected finish with the queue is earlier, then single queues move off the processor that
+ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
+end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the paper's
+scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it before
+the other got through its backlog. The rates are calibrated once on the first batch that uses both processors (a
+slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch (exponential
+averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a fixed rule: the
+GPU takes cached chunks' queues and others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -521,7 +521,6 @@ class ChunkedIndex:
             is measured against). An attribute: change it between batches.
         critical_mass: ``None`` (default): queues planned by measured rates (module doc, :func:`plan`); an int:
             the GPU takes cached chunks' queues and others of at least this size, the CPU the rest. An attribute.
-
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
         hot_keys: capacity (keys) of the hot tier (module doc), which answers point queries for the hottest keys
@@ -1068,18 +1067,7 @@ class ChunkedIndex:
             self._answer(view, batch, qlo, qhi, self.device)
             part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
             qlo, qhi = batch.queue(part, self.device, self)
-            if self.device.type == "cuda":
-                stream = torch.cuda.current_stream(self.device)
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(stream)
-                self._answer(view, batch, qlo, qhi, self.device)
-                b.record(stream)
-                b.synchronize()
-                seconds = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                self._answer(view, batch, qlo, qhi, self.device)
-                seconds = time.perf_counter() - t0
+            seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
             self._in_place_rate = part.size / max(seconds, 1e-9)
             self._measured["in_place"] = True
             self._calibrated.add("in_place")
@@ -1088,9 +1076,8 @@ class ChunkedIndex:
             view = self._host_view(t.chunk)
             qlo, qhi = batch.queue(part, torch.device("cpu"), self)
             self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
-            t0 = time.perf_counter()
-            self._answer(view, batch, qlo, qhi, torch.device("cpu"))
-            self._cpu_rate = part.size / max(time.perf_counter() - t0, 1e-9)
+            seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, torch.device("cpu")), torch.device("cpu"))
+            self._cpu_rate = part.size / max(seconds, 1e-9)
             self._measured["cpu"] = True
             self._calibrated.add("cpu")
         cache = self._cache
@@ -1103,16 +1090,7 @@ class ChunkedIndex:
                 for ev in cache.arena.events_over(0, _align(size)):
                     stream.wait_event(ev)
                 buf[:size].copy_(host[:size], non_blocking=True)  # warm
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record(stream)
-                buf[:size].copy_(host[:size], non_blocking=True)
-                b.record(stream)
-                b.synchronize()
-                seconds = a.elapsed_time(b) / 1e3
-            else:
-                t0 = time.perf_counter()
-                buf[:size].copy_(host[:size])
-                seconds = time.perf_counter() - t0
+            seconds = _seconds(lambda: buf[:size].copy_(host[:size], non_blocking=True), self.device)
             self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
             self._calibrated.add("copy")  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
@@ -2126,6 +2104,22 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+def _seconds(fn, device: torch.device) -> float:
+    """Seconds ``fn`` takes on ``device``: CUDA events around it on the current stream (waited for), else the
+    host clock."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    stream = torch.cuda.current_stream(device)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record(stream)
+    fn()
+    b.record(stream)
+    b.synchronize()
+    return a.elapsed_time(b) / 1e3
+
+
 def _check_hot_sample(hot_sample) -> None:
     if hot_sample is not None and (isinstance(hot_sample, bool) or not isinstance(hot_sample, int) or hot_sample < 1):
         raise ValueError(f"hot_sample must be None (by device) or a positive integer, got {hot_sample!r}")

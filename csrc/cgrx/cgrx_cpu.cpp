@@ -84,15 +84,21 @@ at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::In
 // in turn. So every kPrefetchGroup-th query walks the next group's searches stage by stage, prefetching what the
 // next stage reads: the group's misses overlap. The answers are then made as before (visit_matches), on warm
 // caches. Read-only pairs and the radix backend only (node chains and the binary search read other places).
-// An index whose pairs stay in the caches has no misses to overlap, and the walk only repeats its searches
-// (a tier of 11 k hot keys looked up 2^20 times took 1.5x longer with it): below this size it is skipped.
+// An index whose pairs stay in the caches has no misses to overlap, and the walk only repeats its searches (the
+// out-of-core index's hot tier got slower with it: benchmarks/results/): below this size it is skipped.
 constexpr int64_t kPrefetchGroup = 16;
 constexpr uint64_t kPrefetchMinBytes = uint64_t(16) << 20;
 
-void prefetch_searches(const IndexArgs& a, const QueryKeys& qs, int64_t i0, int64_t i1) {
-  if (a.backend != Backend::Radix || a.storage.use_nodes || a.num_reps == 0) return;
+// Whether a lookup call walks its queries' searches ahead (decided once per call).
+bool prefetch_pays(const IndexArgs& a) {
+  if (a.backend != Backend::Radix || a.storage.use_nodes || a.num_reps == 0) return false;
   const Pairs& p = a.storage.pairs;
-  if (p.n * 4 * static_cast<uint64_t>(layout_words(static_cast<Layout>(p.layout), 1)) < kPrefetchMinBytes) return;
+  const uint64_t bytes = 4 * static_cast<uint64_t>(layout_words(static_cast<Layout>(p.layout), static_cast<int64_t>(p.n)));
+  return bytes >= kPrefetchMinBytes;
+}
+
+void prefetch_searches(const IndexArgs& a, const QueryKeys& qs, int64_t i0, int64_t i1) {
+  const Pairs& p = a.storage.pairs;
   const RadixTable t(a.table);
   const uint64_t first = t.first(), last = p.key(p.n - 1);
   const uint64_t span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
@@ -126,8 +132,8 @@ void prefetch_searches(const IndexArgs& a, const QueryKeys& qs, int64_t i0, int6
 }
 
 auto matches_of(const IndexArgs& a, const QueryKeys& qs, int64_t q) {
-  return [&a, &qs, q](int64_t i, auto&& visit) {
-    if (i % kPrefetchGroup == 0) prefetch_searches(a, qs, i, q);
+  return [&a, &qs, q, ahead = prefetch_pays(a)](int64_t i, auto&& visit) {
+    if (ahead && i % kPrefetchGroup == 0) prefetch_searches(a, qs, i, q);
     uint64_t lo, hi;
     qs.range(static_cast<uint64_t>(i), lo, hi);
     const auto on_row = [&](uint32_t row) { visit(static_cast<int64_t>(row)); };
@@ -142,8 +148,8 @@ auto matches_of(const IndexArgs& a, const QueryKeys& qs, int64_t q) {
 
 // The number of matches of query i without visiting them: from positions over sorted pairs (count_in_range).
 auto counts_of(const IndexArgs& a, const QueryKeys& qs, int64_t q) {
-  return [&a, &qs, q](int64_t i) -> int64_t {
-    if (i % kPrefetchGroup == 0) prefetch_searches(a, qs, i, q);
+  return [&a, &qs, q, ahead = prefetch_pays(a)](int64_t i) -> int64_t {
+    if (ahead && i % kPrefetchGroup == 0) prefetch_searches(a, qs, i, q);
     uint64_t lo, hi;
     qs.range(static_cast<uint64_t>(i), lo, hi);
     if (a.backend == Backend::BinarySearch) {

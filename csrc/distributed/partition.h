@@ -24,9 +24,10 @@ RTX_HD int64_t owner_of(uint64_t k, const uint64_t* splitters, int64_t num_split
   return (base - splitters) + (*base <= k ? 1 : 0);
 }
 
-// A local row ID as a global one (the out-of-core index's chunks): -1 (no row) stays -1; otherwise the map's
-// offset for it (int32 maps hold unsigned 32-bit offsets) or, with no map (m = 0), the row's own 32-bit offset,
-// plus base. A row past the map cannot come from the chunk's index: it answers -1 and sets *bad.
+// A local row ID as a global one (a chunk's rows in the out-of-core index: global_rows; a shard's: pack_answers):
+// -1 (no row) stays -1; otherwise the map's offset for it (int32 maps hold unsigned 32-bit offsets) or, with no
+// map (m = 0), the row's own 32-bit offset, plus base. A row past the map cannot come from the local index: it
+// answers -1 and sets *bad.
 template <typename Map>
 RTX_HD int64_t global_row(int64_t v, const Map* map, int64_t m, int64_t base, bool* bad) {
   if (v < 0) return v;

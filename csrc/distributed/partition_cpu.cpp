@@ -92,19 +92,12 @@ at::Tensor pack_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::
   int64_t* po = out.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
   at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
+    bool b = false;
     for (int64_t i = s; i < e; ++i) {
-      int64_t v = pa[i];
-      if (m > 0 && v >= 0) {
-        if (v >= m) {
-          bad.store(true, std::memory_order_relaxed);
-          v = -1;
-        } else {
-          v = map[v];
-        }
-      }
-      po[2 * i] = v;
+      po[2 * i] = m > 0 ? global_row(pa[i], map, m, 0, &b) : pa[i];  // no map: the rows are global already
       po[2 * i + 1] = pb[i];
     }
+    if (b) bad.store(true, std::memory_order_relaxed);
   });
   TORCH_CHECK(!bad.load(), "pack_answers: a local row ID is past local_to_global (", m, " rows)");
   return out;

@@ -150,11 +150,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
 
 __global__ void pack_answers_kernel(const int64_t* __restrict__ a, const int64_t* __restrict__ b,
                                     const int64_t* __restrict__ map, int64_t m, int64_t n, longlong2* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t v = a[i];
-    if (m > 0 && v >= 0) v = v < m ? map[v] : -1;  // past the map cannot come from a local index; never read there
-    out[i] = make_longlong2(v, b[i]);
-  }
+  bool bad = false;  // past the map cannot come from a local index: answered -1 (the CPU kernel raises)
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = make_longlong2(m > 0 ? global_row(a[i], map, m, 0, &bad) : a[i], b[i]);
 }
 
 at::Tensor pack_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
