@@ -6,9 +6,12 @@
 #                                           # partition and out-of-core (zero-copy, in-place, node chunk) tests and the
 #                                           # one-GPU sharded test
 #   bash benchmarks/gpu_check.sh small      # small-batch bench (2^24 keys) and its breakdown
-#   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: every cgRX backend, the hash table, the
-#                                           # sorted array, range lookups and range counts of 4 / 64 / 1024 hits
+#   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: the radix and binary-search backends at the
+#                                           # default bucket size, the hash table, the sorted array, range lookups
+#                                           # and range counts of 4 / 64 / 1024 hits (a few minutes)
 #   bash benchmarks/gpu_check.sh chunked    # out of core: 2^30 keys, every serving mode
+#   bash benchmarks/gpu_check.sh chunked31  # out of core on an H200: 2^31 keys (its host holds them, the in-core
+#                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests and the sharded bench
 #
@@ -19,6 +22,8 @@ cd "$(dirname "$0")/.."
 export TORCH_RTINDEX_BUILD_DIR="${TORCH_RTINDEX_BUILD_DIR:-$PWD/.build}" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # NVLink multicast stays off on the multi-GPU machines, also in every process started from here.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Unbuffered, so that a stage cut by a `timeout` still leaves the lines it printed in its log.
+export PYTHONUNBUFFERED=1
 commit="${RTINDEX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export RTINDEX_COMMIT="$commit"
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
@@ -56,7 +61,7 @@ case "${1:-}" in
     ;;
   cgrx)
     { header "cgRX grid"
-      python3 benchmarks/cgrx_bench.py --hash-table --range-hits 4,64,1024 --backends radix,binary_search
+      python3 benchmarks/cgrx_bench.py --hash-table --range-hits 4,64,1024 --backends radix,binary_search --bucket-sizes 16
       echo "rc=$?"; } 2>&1 | log "cgrx_bench_$commit.log"
     ;;
   chunked)
@@ -65,6 +70,12 @@ case "${1:-}" in
       timeout 560 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 20,24,27 --zipf 0.99,1.2 \
         --repeats 2 --train-batches 2 --cpu-max-log-lookups 20 --zero-copy-max-log-lookups 20 --out "$out"
       echo "rc=$?"; } 2>&1 | log "chunked_$commit.log"
+    ;;
+  chunked31)
+    { header "out of core, 2^31 keys"
+      timeout 560 python3 benchmarks/chunked_bench.py --log-keys 31 --log-lookups 20,24,27 --zipf 1.2 \
+        --repeats 1 --train-batches 2 --cpu-max-log-lookups 20 --zero-copy-max-log-lookups 20 --out "$out"
+      echo "rc=$?"; } 2>&1 | log "chunked31_$commit.log"
     ;;
   updates)
     { header "out-of-core updates"
@@ -79,7 +90,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|chunked|updates|sharded" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|chunked|chunked31|updates|sharded" >&2
     exit 2
     ;;
 esac
