@@ -266,7 +266,8 @@ def main() -> None:
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}", flush=True)
                 if s and hot and mode == "chunked":
                     # The floor for the tier's misses: rank r is drawn with P(rank < K) from the continuous law the
-                    # queries come from; every miss needs host memory (the CPU's rate, or its chunk copied in).
+                    # queries come from; every miss needs host memory (the CPU's rate, its chunk copied in, or the
+                    # GPU reading the chunk in place).
                     K = st["hot_keys"]
                     a1 = 1 - s
                     hit = (math.log(K + 1) / math.log(n + 1) if abs(a1) < 1e-9
@@ -278,13 +279,19 @@ def main() -> None:
                     copy_ms = host_bytes / floor_rate * 1e3
                     # both at once, queues split between them (every chunk holds misses when they outnumber chunks)
                     both_ms = 1e3 / (st["cpu_rate"] / max(misses, 1) + floor_rate / max(host_bytes, 1))
+                    # all three: the GPU also reading chunks in place, at the fastest in-place rate this run
+                    # learned (any mode, any batch: a generous rate keeps the floor a lower bound)
+                    in_place = max((r.get("in_place_rate") or 0.0) for r in result["runs"] + [st])
+                    all_ms = 1e3 / ((st["cpu_rate"] + in_place) / max(misses, 1) + floor_rate / max(host_bytes, 1))
                     z = {"dist": dist, "log_lookups": log_m, "tier_keys": K, "tier_miss_fraction": 1 - hit,
                          "misses": misses, "cpu_ms": cpu_ms, "copy_ms": copy_ms, "both_ms": both_ms,
-                         "in_core_ms": in_ms, "floor_x_in_core": both_ms / in_ms if in_ms else None}
+                         "in_place_rate": in_place, "all_three_ms": all_ms,
+                         "in_core_ms": in_ms, "floor_x_in_core": all_ms / in_ms if in_ms else None}
                     result["zipf_floor"].append(z)
                     print(f"zipf floor {dist} 2^{log_m}: tier of {K} keys misses {100 * (1 - hit):.2f}% = "
                           f"{misses:.0f} queries; CPU alone {cpu_ms:.2f} ms, copies alone {copy_ms:.2f} ms, both "
-                          f"{both_ms:.2f} ms; in-core {in_ms if in_ms is None else f'{in_ms:.2f} ms'}", flush=True)
+                          f"{both_ms:.2f} ms, with in-place reads at {in_place / 1e6:.0f} M/s too {all_ms:.2f} ms; "
+                          f"in-core {in_ms if in_ms is None else f'{in_ms:.2f} ms'}", flush=True)
             index.processors, index.hot_tier = "auto", True
             del pos_all
     # ---- table
