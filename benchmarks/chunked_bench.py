@@ -1,9 +1,7 @@
 """ChunkedIndex out of core: an index four times its GPU cache budget, lookups uniform and Zipf-skewed, next to
 the same keys in GPU memory (CgRXIndex, the in-core time), CPU-only serving, GPU-only serving, the GPU's kernels
 reading the pinned host chunks directly (zero-copy, up to 2^--zero-copy-max-log-lookups lookups), the planned
-serving without in-place reads of small queues (no_in_place), the planned serving with the CPU's kernels on every
-core (all_cores; by default one is left to the thread that feeds the GPU), and the copy floor (the chunk bytes that
-must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
+serving without in-place reads of small queues (no_in_place), and the copy floor (the chunk bytes that must cross PCIe, at --pcie-gbs, for the batch's chunks that the cache cannot hold).
 
 Every answer is checked (against the in-core index where it was built, else against the keys themselves and
 across serving modes) before its time is reported. Prints a table, writes JSON to
@@ -102,7 +100,7 @@ def main() -> None:
                     help="largest batch (log2) timed with the GPU reading host memory directly (slow)")
     ap.add_argument("--pcie-gbs", type=float, default=55.0, help="copy rate of the copy floor, GB/s (H100: 55)")
     ap.add_argument("--modes", default="", help="comma-separated serving modes to run (default: all), e.g. "
-                    "chunked,gpu_only,all_cores")
+                    "chunked,gpu_only")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
     ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
@@ -210,8 +208,6 @@ def main() -> None:
             # zero_copy: the GPU's kernels read the pinned host chunks directly (no cache, no copies)
             modes += [("gpu_only", "gpu", True), ("cpu_only", "cpu", False)]
             modes += [("zero_copy", "zero_copy", False)] if cuda else []
-            # all_cores: chunked with the CPU's kernels on every core (the default leaves the GPU's feeder one)
-            modes += [("all_cores", "auto", True)] if cuda else []
             if args.modes:
                 modes = [m for m in modes if m[0] in args.modes.split(",")]
             for mode, procs, hot in modes:
@@ -222,7 +218,6 @@ def main() -> None:
                     continue
                 index.processors = procs
                 index.read_in_place = False if mode == "no_in_place" else None
-                index.cpu_threads = torch.get_num_threads() if mode == "all_cores" else None
                 index.hot_tier = hot
                 index.clear_hot()  # every mode learns its hot keys from its own training batches
                 index.reset_stats()

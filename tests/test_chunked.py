@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -478,42 +477,6 @@ def test_queues_read_in_place_match_the_reference(gen, monkeypatch, updatable):
     index.read_in_place = "yes"
     with pytest.raises(ValueError, match="read_in_place must be None"):
         index.lookup(keys[:4])
-
-
-def test_cpu_threads_serve_the_same_answers_and_are_restored(device, gen):
-    """cpu_threads: the CPU's kernels run with that many threads for the batch, and the caller's setting comes
-    back afterwards (also after a refused value); on CUDA the default leaves the GPU's feeder thread a core."""
-    keys = int64_keys("duplicates", 3000, gen)
-    index = chunked(keys, device, gpu_budget=DUP_BUDGET, hot_keys=0)
-    q = point_queries(keys, 2000, gen).to(device)
-    first, count, _ = Reference(keys, "int64").points(q.cpu())
-    before = torch.get_num_threads()
-    seen = []  # threads of the CPU worker's kernels (the worker: the thread that is not the caller's)
-    real = index._answer
-
-    def spy(view, batch, qlo, qhi, D):
-        if threading.current_thread() is not threading.main_thread():
-            seen.append(torch.get_num_threads())
-        return real(view, batch, qlo, qhi, D)
-
-    index._answer = spy
-    for threads in (None, 1, before + 1):
-        index.cpu_threads = threads
-        seen.clear()
-        check_lookup(index.lookup(q), first, count)
-        assert torch.get_num_threads() == before
-        assert seen, "the CPU worker served part of the batch"
-        if threads is not None:
-            assert set(seen) == {threads}
-        elif device == "cpu":
-            assert set(seen) == {before}  # no GPU to feed: every core
-    for bad in (0, -2, 1.5, True, "4"):
-        index.cpu_threads = bad
-        with pytest.raises(ValueError, match="cpu_threads must be None"):
-            index.lookup(q)
-        assert torch.get_num_threads() == before
-    index.cpu_threads = None
-    check_lookup(index.lookup(q), first, count)
 
 
 def test_in_place_rate_is_calibrated_then_learned(gen):

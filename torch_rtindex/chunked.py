@@ -539,12 +539,6 @@ class ChunkedIndex:
         node_size, growth: the node chunks' pairs per node (even, 2 .. 4096) and spare node space (a factor in
             1 .. 16) reserved at each chunk's build for in-place updates (``updatable=True`` only).
 
-    The attribute ``cpu_threads`` (``None`` or an int) is how many threads the CPU's lookup kernels use while the
-    index serves: ``None`` (default) ``torch.get_num_threads()``, less one while the GPU serves the same batch
-    (the thread that feeds the GPU its copies and kernels needs a core: with every core busy in the CPU's
-    kernels it waits for one, and the GPU with it). It is set with ``torch.set_num_threads`` around the CPU's
-    share of a batch and restored afterwards.
-
     The attribute ``read_in_place`` (``None``, ``True`` or ``False``) says whether the planned ``"auto"`` serving
     may have the GPU answer a queue by reading its chunk in pinned host memory instead of copying it in, where
     the measured rates say that is faster (small queues): ``None`` (default) where the chunks are pinned and
@@ -662,7 +656,6 @@ class ChunkedIndex:
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
         self._calibrated: set[str] = set()  # rates _calibrate has measured (each once; batches measure them after)
         self.read_in_place: bool | None = None  # an attribute: see the class doc
-        self.cpu_threads: int | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
 
@@ -1025,7 +1018,6 @@ class ChunkedIndex:
                 raise ValueError("processors='zero_copy' needs a CUDA index (its kernels read the chunks' pinned "
                                  "host memory directly); use 'gpu', 'cpu' or 'auto' here")
             return True, False
-        self._cpu_threads(False)  # checked before a batch starts, not in its worker
         gpu = self._cache is not None and self.processors in ("auto", "gpu")
         return gpu, not gpu or self.processors == "auto"
 
@@ -1404,22 +1396,8 @@ class ChunkedIndex:
         self._learn_rates(batch)
         return out
 
-    def _cpu_threads(self, with_gpu: bool) -> int:
-        """Threads of the CPU's kernels for a batch (:attr:`cpu_threads`)."""
-        n = self.cpu_threads
-        if n is None:
-            total = torch.get_num_threads()
-            return max(1, total - 1) if with_gpu and self.device.type == "cuda" else total
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"cpu_threads must be None (automatic) or a positive int, got {n!r}")
-        return n
-
     def _cpu_loop(self, sched: _Scheduler, batch: "_Batch", error: list | None) -> None:
-        before = torch.get_num_threads()
         try:
-            threads = self._cpu_threads(sched.gpu)
-            if threads != before:
-                torch.set_num_threads(threads)
             while (task := sched.claim("cpu")) is not None:
                 self._maybe_fault("cpu_task")
                 t0 = time.perf_counter()
@@ -1437,9 +1415,6 @@ class ChunkedIndex:
             if error is None:
                 raise
             error.append(e)
-        finally:
-            if torch.get_num_threads() != before:
-                torch.set_num_threads(before)
 
     def _gpu_loop(self, sched: _Scheduler, batch: "_Batch") -> None:
         cache, dev = self._cache, self.device
