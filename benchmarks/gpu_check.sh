@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: the radix and binary-search backends at the
 #                                           # default bucket size, the hash table, the sorted array, range lookups
 #                                           # and range counts of 4 / 64 / 1024 hits (a few minutes)
+#   bash benchmarks/gpu_check.sh floor      # the random-read floor of a point lookup (1 / 2 / 4 sectors) next to
+#                                           # cgRX radix and the hash table, 2^24 and 2^26 keys, 2^27 lookups
 #   bash benchmarks/gpu_check.sh chunked    # out of core: 2^30 keys, every serving mode
 #   bash benchmarks/gpu_check.sh chunked31  # out of core on an H200: 2^31 keys (its host holds them, the in-core
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
@@ -24,6 +26,10 @@ export TORCH_RTINDEX_BUILD_DIR="${TORCH_RTINDEX_BUILD_DIR:-$PWD/.build}" PYTHONP
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Unbuffered, so that a stage cut by a `timeout` still leaves the lines it printed in its log.
 export PYTHONUNBUFFERED=1
+# The benchmarks' own JIT extensions (hash table, gather floor) build beside the package's, so a warm machine
+# reuses them. Never cut a first build with `timeout`: the killed compile leaves torch's build lock behind, and
+# every later load of that extension waits on it.
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$TORCH_RTINDEX_BUILD_DIR/torch_extensions}"
 commit="${RTINDEX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export RTINDEX_COMMIT="$commit"
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
@@ -64,6 +70,11 @@ case "${1:-}" in
       python3 benchmarks/cgrx_bench.py --hash-table --range-hits 4,64,1024 --backends radix,binary_search --bucket-sizes 16
       echo "rc=$?"; } 2>&1 | log "cgrx_bench_$commit.log"
     ;;
+  floor)
+    { header "random-read floor"
+      for k in 24 26; do python3 benchmarks/gather_floor.py --log-keys "$k" --out "$out"; done
+      echo "rc=$?"; } 2>&1 | log "gather_floor_$commit.log"
+    ;;
   chunked)
     # The out-of-core grid alone fills most of a call (about 6-7 minutes with the no_in_place rows).
     { header "out of core"
@@ -90,7 +101,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|chunked|chunked31|updates|sharded" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|floor|chunked|chunked31|updates|sharded" >&2
     exit 2
     ;;
 esac
