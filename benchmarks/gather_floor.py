@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from baselines import load_baseline  # noqa: E402
 from baselines.hash_table import HashTable  # noqa: E402
 from rx_bench import git_commit, make_keys  # noqa: E402
 
@@ -48,8 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("gather_floor.py measures a GPU: no CUDA device here")
-    source = Path(__file__).parent / "baselines" / "gather_floor.cu"
-    floor = cpp_extension.load(name="rtindex_gather_floor", sources=[str(source)], extra_cuda_cflags=["-O3"])
+    floor = load_baseline("rtindex_gather_floor", Path(__file__).parent / "baselines" / "gather_floor.cu")
     gen = torch.Generator(device="cuda").manual_seed(1)
     keys = make_keys("uniform64", 1 << args.log_keys, gen, "cuda")
     m = 1 << args.log_lookups

@@ -26,10 +26,8 @@ export TORCH_RTINDEX_BUILD_DIR="${TORCH_RTINDEX_BUILD_DIR:-$PWD/.build}" PYTHONP
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Unbuffered, so that a stage cut by a `timeout` still leaves the lines it printed in its log.
 export PYTHONUNBUFFERED=1
-# The benchmarks' own JIT extensions (hash table, gather floor) build beside the package's, so a warm machine
-# reuses them. Never cut a first build with `timeout`: the killed compile leaves torch's build lock behind, and
-# every later load of that extension waits on it.
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$TORCH_RTINDEX_BUILD_DIR/torch_extensions}"
+# The benchmarks' own JIT extensions (hash table, gather floor) build in the build folder too (baselines/), so a
+# warm machine reuses them, under the package's build lock: a build killed by a `timeout` blocks no later one.
 commit="${RTINDEX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 export RTINDEX_COMMIT="$commit"
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"

@@ -4,7 +4,9 @@ the updatable index's rebuild policy under an append workload."""
 
 from __future__ import annotations
 
-import math
+import fcntl
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -219,6 +221,33 @@ def test_missing_compiler_is_named(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCH_RTINDEX_CXX", raising=False)
     with pytest.raises(RuntimeError, match="names no compiler"):
         _extension._cxx_for_build(tmp_path)
+
+
+def test_build_lock_clears_the_baton_of_a_killed_build(tmp_path):
+    """A build killed mid-way leaves cpp_extension's baton file `lock`, on which every later build of that
+    extension would wait forever; under the build lock it is gone. The lock itself is an flock: a second holder
+    in another process waits until the first lets go, and a dead holder releases it."""
+    from torch_rtindex._extension import build_lock
+
+    build_dir = tmp_path / "ext"
+    build_dir.mkdir()
+    (build_dir / "lock").write_text("")  # what a killed cpp_extension build leaves
+    with build_lock(build_dir):
+        assert not (build_dir / "lock").exists()
+    holder = ("import sys, time; from pathlib import Path; from torch_rtindex._extension import build_lock\n"
+              "with build_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(build_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with open(build_dir / "rtindex.lock", "w") as f:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by the other process
+            proc.kill()  # the holder dies mid-build
+            proc.wait()
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released by its death
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_updatable_index_attributes_are_true():

@@ -11,6 +11,7 @@ Without a CUDA toolkit, or with a CPU-only torch, only the CPU kernels are built
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -65,6 +66,21 @@ def _build_root() -> Path:
         return Path(root)
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return cache / "torch_rtindex"
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path):
+    """Holds the build lock of ``build_dir``: builds there run one at a time across processes. An flock is
+    released by the kernel when its holder dies, so an interrupted build (Ctrl-C, a killed job) never blocks the
+    next; cpp_extension's own baton file, which such a build leaves behind and which would make every later
+    build wait on it, is removed under the lock."""
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / "rtindex.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            stale.unlink()
+        yield
 
 
 def _cuda_arch_flags() -> list[str]:
@@ -191,12 +207,7 @@ def load() -> dict:
     digest = _sources_digest([], sources + cflags + cuda_flags + ldflags)
     info_path = build_dir / "build_info.json"
 
-    # An flock is released by the kernel when its holder dies, so an interrupted build never blocks the next.
-    with open(build_dir / "rtindex.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        stale = build_dir / "lock"  # cpp_extension's own baton, left behind by an interrupted build
-        if stale.exists():
-            stale.unlink()
+    with build_lock(build_dir):
         previous = json.loads(info_path.read_text()) if info_path.exists() else {}
         if previous.get("digest") != digest:
             _say(f"compiling the {tag.upper()} extension in {build_dir} (first use or sources changed; ~1-3 min)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.utils import cpp_extension
+
+from . import load_baseline
 
 _module = None
 
@@ -14,12 +15,7 @@ _module = None
 def _load():
     global _module
     if _module is None:
-        _module = cpp_extension.load(
-            name="rtindex_hash_table_baseline",
-            sources=[str(Path(__file__).with_name("hash_table.cu"))],
-            extra_cuda_cflags=["-O3"],
-            verbose=False,
-        )
+        _module = load_baseline("rtindex_hash_table_baseline", Path(__file__).with_name("hash_table.cu"))
     return _module
 
 
