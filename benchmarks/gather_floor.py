@@ -78,7 +78,7 @@ def main() -> None:
         print(f"{r['method']:48s} {r['ms']:8.2f} ms  {rate:7.2f} G lookups/s  {r['x_one_sector']:5.2f}x one sector")
     out = Path(args.out) if args.out else Path(__file__).parent / "results" / name.replace(" ", "_")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gather_floor_{git_commit()}.json"
+    path = out / f"gather_floor_k{args.log_keys}_{git_commit()}.json"
     path.write_text(json.dumps({"device": name, "commit": git_commit(), "log_keys": args.log_keys,
                                 "log_lookups": args.log_lookups, "table_bytes": table_bytes, "rows": rows}, indent=1))
     print(f"wrote {path}")
