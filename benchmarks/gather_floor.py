@@ -10,8 +10,6 @@ layout with fewer sectors per lookup could gain.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,22 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from baselines import load_baseline  # noqa: E402
 from baselines.hash_table import HashTable  # noqa: E402
-from rx_bench import git_commit, make_keys  # noqa: E402
+from rx_bench import git_commit, make_keys, timed, write_json  # noqa: E402
 
 from torch_rtindex import CgRXIndex  # noqa: E402
-
-
-def cuda_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -59,7 +44,7 @@ def main() -> None:
     def gather_ms(sectors: int) -> float:
         table = torch.zeros(table_bytes // 8, dtype=torch.int64, device="cuda")
         idx = torch.randint(0, table_bytes // (32 * sectors), (m,), generator=gen, device="cuda")
-        return cuda_ms(lambda: floor.gather(table, idx, sectors), args.repeats)
+        return timed(lambda: floor.gather(table, idx, sectors), args.repeats)[0]
 
     rows = [{"method": f"random gather, {s} sector{'s' if s > 1 else ''} ({32 * s} B) per lookup", "ms": gather_ms(s)}
             for s in (1, 2, 4)]
@@ -67,7 +52,7 @@ def main() -> None:
     for method, fn in (("cgRX radix lookup (first row and count)", lambda: index.lookup(queries)),
                        ("cgRX radix lookup_rows (first row)", lambda: index.lookup_rows(queries)),
                        ("hash table lookup (128 B window per probe)", lambda: ht.lookup(queries))):
-        rows.append({"method": method, "ms": cuda_ms(fn, args.repeats)})
+        rows.append({"method": method, "ms": timed(fn, args.repeats)[0]})
     name = torch.cuda.get_device_name()
     print(f"{name}  commit {git_commit()}  2^{args.log_keys} keys, 2^{args.log_lookups} lookups, table "
           f"{table_bytes / 1e9:.3f} GB (the radix index's bytes)")
@@ -76,12 +61,8 @@ def main() -> None:
         r["x_one_sector"] = r["ms"] / one
         rate = m / r["ms"] / 1e6
         print(f"{r['method']:48s} {r['ms']:8.2f} ms  {rate:7.2f} G lookups/s  {r['x_one_sector']:5.2f}x one sector")
-    out = Path(args.out) if args.out else Path(__file__).parent / "results" / name.replace(" ", "_")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"gather_floor_k{args.log_keys}_{git_commit()}.json"
-    path.write_text(json.dumps({"device": name, "commit": git_commit(), "log_keys": args.log_keys,
-                                "log_lookups": args.log_lookups, "table_bytes": table_bytes, "rows": rows}, indent=1))
-    print(f"wrote {path}")
+    write_json({"device": name, "commit": git_commit(), "log_keys": args.log_keys, "log_lookups": args.log_lookups,
+                "table_bytes": table_bytes, "rows": rows}, f"gather_floor_k{args.log_keys}_{git_commit()}", args.out)
 
 
 if __name__ == "__main__":
