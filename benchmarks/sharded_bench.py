@@ -55,6 +55,8 @@ def parse(argv=None):
     ap.add_argument("--modes", default="weak,strong")
     ap.add_argument("--slack", type=float, default=1.1, help="fixed form: query_capacity = slack * lookups / world + 64")
     ap.add_argument("--pipeline", type=int, default=4, help="chunks of the pipelined point lookups (lookup_pipelined)")
+    ap.add_argument("--nccl-high-priority", action="store_true",
+                    help="under torchrun: NCCL's streams at high priority, so its kernels get SMs ahead of lookups")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backend", default="radix", help="the cgRX backend of the local and the single-GPU index")
     ap.add_argument("--out-dir", default=None)
@@ -322,7 +324,11 @@ def main() -> None:
         backend = "nccl" if a.device == "cuda" else "gloo"
         if a.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend, timeout=timedelta(seconds=600))
+        opts = None
+        if a.device == "cuda" and a.nccl_high_priority:
+            opts = dist.ProcessGroupNCCL.Options()
+            opts.is_high_priority_stream = True
+        dist.init_process_group(backend, timeout=timedelta(seconds=600), pg_options=opts)
         try:
             bench(dist.get_rank(), dist.get_world_size(), sys.argv[1:])
         finally:
