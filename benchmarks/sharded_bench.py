@@ -57,6 +57,10 @@ def parse(argv=None):
     ap.add_argument("--pipeline", type=int, default=4, help="chunks of the pipelined point lookups (lookup_pipelined)")
     ap.add_argument("--nccl-high-priority", action="store_true",
                     help="under torchrun: NCCL's streams at high priority, so its kernels get SMs ahead of lookups")
+    ap.add_argument("--nccl-max-ctas", type=int, default=None,
+                    help="under torchrun: NCCL's CTAs per collective at most (fewer SMs taken from the lookups)")
+    ap.add_argument("--trace", action="store_true",
+                    help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backend", default="radix", help="the cgRX backend of the local and the single-GPU index")
     ap.add_argument("--out-dir", default=None)
@@ -120,6 +124,19 @@ def profiled(idx: ShardedIndex, fn, dev) -> dict:
     moved = out["exchange_s"] + out["return_s"]
     out["exchange_over_floor"] = moved / out["nvlink_floor_s"] if out["nvlink_floor_s"] else float("nan")
     return out
+
+
+def kernel_trace(fn, rank: int) -> None:
+    """Rank 0 prints the device time of one call's kernels and copies, summed by name (every rank runs the call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if rank != 0:
+        fn()
+        return
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60))
 
 
 def keys_for(rank: int, n: int, dev, seed: int) -> torch.Tensor:
@@ -207,6 +224,8 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
         assert torch.equal(got.first_row, single.lookup(queries).first_row), "pipelined != single"
     del got
     piped_s = time_collective(piped, dev, a.repeats)
+    if a.trace and dev.type == "cuda":
+        kernel_trace(piped, rank)
     record("lookup_pipelined", piped_s, single_s, profiled(idx, piped, dev), {"pipeline": a.pipeline})
     idx.pipeline = 1
 
@@ -325,9 +344,11 @@ def main() -> None:
         if a.device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         opts = None
-        if a.device == "cuda" and a.nccl_high_priority:
+        if a.device == "cuda" and (a.nccl_high_priority or a.nccl_max_ctas):
             opts = dist.ProcessGroupNCCL.Options()
-            opts.is_high_priority_stream = True
+            opts.is_high_priority_stream = a.nccl_high_priority
+            if a.nccl_max_ctas:
+                opts.config.max_ctas = a.nccl_max_ctas
         dist.init_process_group(backend, timeout=timedelta(seconds=600), pg_options=opts)
         try:
             bench(dist.get_rank(), dist.get_world_size(), sys.argv[1:])

@@ -1091,6 +1091,9 @@ class ShardedIndex:
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         local_values = self._route_values(values, st, cached) if values is not None else None
         qcap = query_capacity
+        if hi is None and (self.device.type != "cuda" or self.world <= MAX_CUDA_BUCKETS):
+            return self._fixed_points(op, lo, local_values, values.dtype if values is not None else None, qcap,
+                                      checked, st)
         qlo, qhi = self._map_queries(lo, hi)
         query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
         cols = [plo] if hi is None else [plo, phi]
@@ -1113,6 +1116,55 @@ class ShardedIndex:
         st.mark("scatter")
         self._last_stats = st.stats
         return Fixed(out, gover)
+
+    def _fixed_points(self, op, lo, local_values, value_dtype, qcap: int, checked: bool, st: _Stages) -> Fixed:
+        """Point queries through the fixed-capacity exchange: grouped by owner in one pass (partition_queries,
+        as in the dynamic path), owner d's group sent as d's block (its first ``qcap`` queries; which queries of
+        an overfull group are dropped is not specified: the CUDA grouping is not stable), the answers put in
+        the caller's order in one pass (scatter_answers). Fixed shapes, no host synchronization."""
+        dev, W, n = self.device, self.world, lo.numel()
+        internal = _internal()
+        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, 1)
+        counts = counts.reshape(W)
+        ends = counts.cumsum(0)
+        starts = ends - counts
+        slot = torch.arange(qcap, device=dev)
+        if n:
+            data = torch.where(slot[None] < counts[:, None], keys[(starts[:, None] + slot[None]).clamp(max=n - 1)], 0)
+        else:
+            data = torch.zeros((W, qcap), dtype=torch.int64, device=dev)
+        overflow = (counts > qcap).any()
+        head = torch.stack([counts, overflow.to(torch.int64).expand(W)], dim=1)
+        st.mark("partition")
+        got = self._a2a(torch.cat([head, data], dim=1), None, None, st)
+        st.mark("exchange")
+        gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
+        rlo = got[:, 2:].contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
+        base = op.removesuffix("_fixed")
+        payload, err = self._fixed_local(lambda: self._local_per_query(base, rlo, None, local_values), (W, qcap * 2))
+        st.mark("local")
+        got = self._a2a(payload, None, None, st)
+        st.mark("return")
+        self._fixed_failed(op, err, got[:, 0], checked)
+        back = got[:, 1:].reshape(W * qcap, 2)
+        # The answer of send slot j: from its owner's block at j's offset in the owner's group (dropped past qcap).
+        j = torch.arange(n, device=dev)
+        owner = torch.searchsorted(ends, j, right=True)
+        offset = j - starts[owner.clamp(max=W - 1)]
+        is_agg = "aggregate" in op
+        dropped = torch.tensor([-1, 0] if is_agg else [-1, -1], dtype=torch.int64, device=dev)
+        if qcap:
+            mine = torch.where((offset < qcap)[:, None], back[(owner * qcap + offset).clamp(max=W * qcap - 1)], dropped)
+        else:
+            mine = dropped.expand(n, 2)
+        first, second = internal.scatter_answers(mine, positions)
+        st.mark("scatter")
+        self._last_stats = st.stats
+        if is_agg:
+            if value_dtype is not None and value_dtype.is_floating_point:
+                second = second.view(torch.float64)
+            return Fixed(Aggregate(first, second), gover)
+        return Fixed(Lookup(first, second), gover)
 
     def _capped_fixed(self, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
