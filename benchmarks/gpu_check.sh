@@ -93,9 +93,9 @@ case "${1:-}" in
     ;;
   sharded)
     { header "sharded, $(nvidia-smi -L | wc -l) GPUs"
-      RTINDEX_WORKER_TRACE=1 python3 -m pytest tests/test_sharded.py -q -x -p no:cacheprovider -k nccl_two_gpus
+      RTINDEX_WORKER_TRACE=1 python3 -m pytest tests/test_sharded.py -q -x -p no:cacheprovider -k nccl
       torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bench.py --modes weak,strong \
-        --pipeline 4 --repeats 3 --out-dir "$out"
+        --pipeline 8 --nccl-high-priority --trace --repeats 3 --out-dir "$out"
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   *)

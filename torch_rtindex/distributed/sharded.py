@@ -158,7 +158,9 @@ class ShardedIndex:
             exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no pipelining;
             the same on every rank). Default: ``DEFAULT_CUDA_PIPELINE`` on CUDA, 1 on the CPU (gloo's
             collectives block the caller, so there is nothing to overlap). The attribute may be changed between
-            calls, on every rank alike.
+            calls, on every rank alike. With NCCL the overlap needs the group's streams at high priority
+            (``ProcessGroupNCCL.Options().is_high_priority_stream``): at normal priority NCCL's kernels wait
+            for a lookup kernel's blocks to drain.
         profile: record per-stage times (synchronizing the device between stages) for :meth:`stats`.
 
     Shards hold nearly equal numbers of keys whatever their distribution, except that all keys equal to one
