@@ -671,7 +671,8 @@ class ShardedIndex:
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
         overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
-        caller's order in one pass (scatter_answers).
+        caller's order in one pass (scatter_answers). The first and the last rank look up their own pieces in
+        place, while the first chunk's queries are in flight, instead of exchanging them with themselves.
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
@@ -702,30 +703,58 @@ class ShardedIndex:
         starts = [0]
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
+        r = self.rank
+        # This rank's own piece of each chunk is looked up where it lies instead of being copied to itself by
+        # the exchange, where it lies at an end of the chunk's send buffer: on the first and the last rank (a
+        # middle rank's piece sits between other ranks' pieces and goes through the exchange as before).
+        own = r in (0, W - 1)
+
+        def remote(c: int, row: list[int]) -> tuple[int, int, list[int]]:
+            """The remote part of chunk c's buffer (start, end) and its splits, given one row of counts."""
+            lo, hi = starts[c], starts[c + 1]
+            if not own:
+                return lo, hi, row
+            lo, hi = (lo + row[r], hi) if r == 0 else (lo, lo + sum(row[:r]))
+            return lo, hi, [0 if j == r else x for j, x in enumerate(row)]
+
+        def failed_answers(m: int) -> torch.Tensor:
+            return torch.full((m, 2), _FAILED, dtype=torch.int64, device=self.device)
+
         overlap = C > 1
         outgoing = []
         for c in range(C):
-            part = keys[starts[c]:starts[c + 1]]
-            got = keys.new_empty(sum(rc[c]))
-            work = dist.all_to_all_single(got, part, rc[c], sc[c], group=self.group, async_op=overlap)
-            st.moved(part, got, sc[c])
-            outgoing.append((got, work))
+            lo_c, hi_c, send = remote(c, sc[c])
+            _, _, recv = remote(c, rc[c])
+            part = keys[lo_c:hi_c]
+            got = keys.new_empty(sum(recv))
+            work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=overlap)
+            st.moved(part, got, send)
+            outgoing.append((got, work, lo_c, hi_c, send, recv))
         if not overlap:
             st.mark("exchange")
         back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
         returns, err = [], None
+        if own:  # first: they need no exchange, so they run while the queries of the first chunk are in flight
+            for c in range(C):
+                a = starts[c] + sum(sc[c][:r])
+                mine = keys[a:a + sc[c][r]]
+                if mine.numel():
+                    ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
+                                           lambda: failed_answers(mine.numel()))
+                    err = err or e
+                    back[a:a + mine.numel()].copy_(ans)
         for c in range(C):
-            got, work = outgoing[c]
+            got, work, lo_c, hi_c, send, recv = outgoing[c]
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
-                                   lambda: torch.full((got.numel(), 2), _FAILED, dtype=torch.int64, device=self.device))
+                                   lambda: failed_answers(got.numel()))
             err = err or e
             if not overlap:
                 st.mark("local")
-            dest = back[starts[c]:starts[c + 1]]
-            work = dist.all_to_all_single(dest, ans, sc[c], rc[c], group=self.group, async_op=overlap)
-            st.moved(ans, dest, rc[c])
+            dest = back[lo_c:hi_c]
+            work = dist.all_to_all_single(dest, ans, send, recv, group=self.group, async_op=overlap)
+            st.moved(ans, dest, recv)
             returns.append((work, ans))  # ans stays referenced until its send is done
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
