@@ -168,6 +168,15 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // keys), as (ordered keys, each one's position in `queries`, counts [chunks, splitters + 1]). Stable on the
   // CPU; on CUDA the order within a bucket may differ from call to call (at most 2048 buckets).
   m.def("partition_queries(Tensor queries, int key_type, Tensor splitters, int chunks) -> (Tensor keys, Tensor positions, Tensor counts)");
+  // Point queries of a sharded index's fixed-capacity exchange (one chunk), grouped by owner into padded
+  // blocks: (keys [owners * capacity]: owner d's queries as ordered keys at [d * capacity, ...), zeros past its
+  // count; slots [n]: where query i went, -1 where its owner's block was full; counts [owners]: queries per
+  // owner, also those past the capacity). Which queries of an overfull owner fill its block: the first in query
+  // order on the CPU, any on CUDA.
+  m.def("partition_padded(Tensor queries, int key_type, Tensor splitters, int capacity) -> (Tensor keys, Tensor slots, Tensor counts)");
+  // The answers [m, 2] of the slots back in the caller's order: output j of query i is answers[slots[i], j], or
+  // fill_j where slots[i] is -1 (partition_padded's dropped queries).
+  m.def("gather_answers(Tensor answers, Tensor slots, int fill_first, int fill_second) -> (Tensor, Tensor)");
   // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
   // local_to_global unless that is empty.
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");

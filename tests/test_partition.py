@@ -1,5 +1,6 @@
-"""The sharded index's routing operators (csrc/distributed): partition_queries against a reference built with
-map_keys, searchsorted and a stable argsort; pack_answers and scatter_answers against plain torch; opcheck."""
+"""The sharded index's routing operators (csrc/distributed): partition_queries and partition_padded against a
+reference built with map_keys, searchsorted and a stable argsort; pack_answers, scatter_answers and
+gather_answers against plain torch; opcheck."""
 
 from __future__ import annotations
 
@@ -80,6 +81,65 @@ def test_partition_queries_errors(device):
         internal.partition_queries(q.float(), 0, sp, 1)
 
 
+@pytest.mark.parametrize("key_type", ["int64", "uint64", "int32", "float64"])
+@pytest.mark.parametrize("world,capacity", [(1, 0), (1, 5000), (2, 1), (3, 700), (7, 3000), (300, 4)])
+def test_partition_padded(device, gen, key_type, world, capacity):
+    q = keys_of_type(key_type, 3000, gen)
+    if key_type in ("int64", "uint64"):
+        q = torch.cat([q, torch.tensor([SIGN, 2**63 - 1, 0, -1, 1])])
+    ordered = ops.map_keys(q, KEY_TYPES[key_type])
+    splitters = splitters_from(ordered, world - 1, gen)
+    keys, slots, counts = internal.partition_padded(q.to(device), KEY_TYPES[key_type], splitters.to(device), capacity)
+    keys, slots, counts = keys.cpu(), slots.cpu(), counts.cpu()
+    owner = torch.searchsorted(splitters ^ SIGN, ordered ^ SIGN, right=True)
+    assert torch.equal(counts, torch.bincount(owner, minlength=world))
+    assert keys.shape == (world * capacity,)
+    kept = slots >= 0
+    # Each owner's block holds min(count, capacity) of its own queries, each once, at the slots recorded.
+    assert torch.equal(torch.bincount(owner[kept], minlength=world), counts.clamp(max=capacity))
+    assert torch.equal(slots[kept] // max(capacity, 1), owner[kept])
+    assert torch.unique(slots[kept]).numel() == int(kept.sum())
+    assert torch.equal(keys[slots[kept]], ordered[kept])
+    filled = torch.zeros(world * capacity, dtype=torch.bool)
+    filled[slots[kept]] = True
+    assert torch.equal(keys[~filled], torch.zeros(int((~filled).sum()), dtype=torch.int64))
+    assert bool((slots[kept] % max(capacity, 1) < counts.clamp(max=capacity)[owner[kept]]).all())
+    if device.type == "cpu":  # stable: an owner's first `capacity` queries in query order
+        rank_in_owner = torch.empty_like(owner)
+        for d in range(world):
+            sel = (owner == d).nonzero()[:, 0]
+            rank_in_owner[sel] = torch.arange(sel.numel())
+        assert torch.equal(kept, rank_in_owner < capacity)
+        assert torch.equal(slots[kept], owner[kept] * capacity + rank_in_owner[kept])
+
+
+def test_partition_padded_errors(device):
+    q, sp = torch.arange(10, device=device), torch.tensor([3], device=device)
+    with pytest.raises(RuntimeError, match="capacity must be non-negative"):
+        internal.partition_padded(q, 0, sp, -1)
+    with pytest.raises(RuntimeError, match="does not fit in 64 bits"):
+        internal.partition_padded(q, 0, sp, 2**62)
+    keys, slots, counts = internal.partition_padded(q[:0], 0, sp, 4)
+    assert keys.shape == (8,) and slots.numel() == 0 and counts.tolist() == [0, 0]
+
+
+def test_gather_answers(device, gen):
+    m, n = 500, 3000
+    ans = torch.randint(-(2**62), 2**62, (m, 2), generator=gen)
+    slots = torch.randint(-1, m, (n,), generator=gen)
+    first, second = internal.gather_answers(ans.to(device), slots.to(device), -1, -7)
+    hit = slots >= 0
+    assert torch.equal(first.cpu(), torch.where(hit, ans[slots.clamp(min=0), 0], -1))
+    assert torch.equal(second.cpu(), torch.where(hit, ans[slots.clamp(min=0), 1], -7))
+    a, b = internal.gather_answers(ans[:0].to(device), slots[:0].to(device), 0, 0)
+    assert a.numel() == 0 and b.numel() == 0
+    if device.type == "cpu":
+        with pytest.raises(RuntimeError, match="past the answers"):
+            internal.gather_answers(ans, torch.tensor([m]), 0, 0)
+    with pytest.raises(RuntimeError, match="answers must be an int64 tensor"):
+        internal.gather_answers(ans.to(device).float(), slots.to(device), 0, 0)
+
+
 def test_pack_and_scatter_answers(device, gen):
     n, m = 1000, 50
     a = torch.randint(-1, m, (n,), generator=gen).to(device)
@@ -128,8 +188,10 @@ def test_opcheck(device, gen):
                                  torch.arange(20, device=device) * 3)),
         (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
+        (internal.partition_padded, (q, KEY_TYPES["float64"], sp, 70)),
+        (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0)),
     ]:
-        if device.type == "cuda" and op is internal.partition_queries:
+        if device.type == "cuda" and op in (internal.partition_queries, internal.partition_padded):
             continue  # order within a bucket may differ between the runs opcheck compares
         result = torch.library.opcheck(op, args, test_utils=utils)
         assert result == {u: "SUCCESS" for u in utils}, result

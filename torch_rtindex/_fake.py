@@ -185,6 +185,22 @@ def _(queries, key_type, splitters, chunks):
     )
 
 
+@register_fake("rtindex_internal::partition_padded")
+def _(queries, key_type, splitters, capacity):
+    world = splitters.shape[0] + 1
+    return (
+        queries.new_empty((world * capacity,), dtype=torch.int64),
+        queries.new_empty((queries.shape[0],), dtype=torch.int64),
+        queries.new_empty((world,), dtype=torch.int64),
+    )
+
+
+@register_fake("rtindex_internal::gather_answers")
+def _(answers, slots, fill_first, fill_second):
+    n = slots.shape[0]
+    return answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64)
+
+
 @register_fake("rtindex_internal::pack_answers")
 def _(a, b, local_to_global):
     return a.new_empty((a.shape[0], 2), dtype=torch.int64)

@@ -26,6 +26,21 @@ inline void check_partition_args(const at::Tensor& queries, int64_t key_type, co
               " chunks");
 }
 
+inline void check_padded_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,
+                              int64_t capacity) {
+  check_partition_args(queries, key_type, splitters, 1);
+  TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
+  TORCH_CHECK(capacity <= std::numeric_limits<int64_t>::max() / (splitters.numel() + 1),
+              "capacity ", capacity, " times ", splitters.numel() + 1, " owners does not fit in 64 bits");
+}
+
+inline void check_gather_args(const at::Tensor& answers, const at::Tensor& slots) {
+  TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
+              "answers must be an int64 tensor [m, 2], got ", answers.scalar_type(), " ", answers.sizes());
+  TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong, "slots must be a 1-D int64 tensor");
+  check_same_device(answers, slots, "answers", "slots");
+}
+
 inline void check_answers(const at::Tensor& answers, const at::Tensor& positions) {
   TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
               "answers must be an int64 tensor [n, 2], got ", answers.scalar_type(), " ", answers.sizes());

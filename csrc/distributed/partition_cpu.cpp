@@ -1,5 +1,5 @@
-// CPU kernels of the sharded-index routing operators (partition.h): the queries grouped by send bucket, the
-// answers packed for the return exchange and scattered back to the caller's order.
+// CPU kernels of the sharded-index routing operators (partition.h): the queries grouped by send bucket (or into
+// padded blocks), the answers packed for the return exchange and put back in the caller's order.
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -14,8 +14,59 @@
 namespace rtindex {
 namespace {
 
-// Counting pass per block of queries, an exclusive scan in (bucket, block) order, then a scatter pass: stable
-// (the GPU kernel is not), so the CPU result equals a stable sort by bucket.
+// The queries in blocks of fixed size (not one per thread, so that results do not depend on the thread count;
+// their number capped so that the per-block counters stay small). count() gives each block its first slot in
+// each bucket: an exclusive scan in (bucket, block) order, over all buckets (grouped output) or restarting at
+// every bucket (padded output). Together with a scatter pass in block order this groups stably.
+struct BlockPlan {
+  int64_t n, buckets, blocks, block_size;
+  std::vector<int64_t> offsets;  // [blocks][buckets]
+
+  BlockPlan(int64_t n_, int64_t buckets_) : n(n_), buckets(buckets_) {
+    blocks = (n + (1 << 15) - 1) >> 15;
+    blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t(1) << 24) / buckets));
+    block_size = (n + blocks - 1) / blocks;
+    blocks = (n + block_size - 1) / block_size;
+    offsets.assign(static_cast<size_t>(blocks * buckets), 0);
+  }
+
+  // bucket(i) -> bucket of query i; totals[b] <- queries in bucket b.
+  template <typename Bucket>
+  void count(const Bucket& bucket, bool restart_per_bucket, int64_t* totals) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        int64_t* h = offsets.data() + blk * buckets;
+        for (int64_t i = blk * block_size, end = std::min(n, (blk + 1) * block_size); i < end; ++i) ++h[bucket(i)];
+      }
+    });
+    int64_t run = 0;
+    for (int64_t b = 0; b < buckets; ++b) {
+      if (restart_per_bucket) run = 0;
+      const int64_t start = run;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        int64_t& o = offsets[blk * buckets + b];
+        const int64_t c = o;
+        o = run;
+        run += c;
+      }
+      totals[b] = run - start;
+    }
+  }
+
+  // visit(i, cursor) for every query, blocks in parallel; cursor: this block's next slot per bucket (no other
+  // thread touches it).
+  template <typename Visit>
+  void scatter(const Visit& visit) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        int64_t* cursor = offsets.data() + blk * buckets;
+        for (int64_t i = blk * block_size, end = std::min(n, (blk + 1) * block_size); i < end; ++i) visit(i, cursor);
+      }
+    });
+  }
+};
+
+// Grouped by send bucket, stable (the GPU kernel is not): the CPU result equals a stable sort by bucket.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::Tensor& queries, int64_t key_type,
                                                                      const at::Tensor& splitters, int64_t chunks) {
   check_partition_args(queries, key_type, splitters, chunks);
@@ -27,56 +78,59 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::T
   at::Tensor counts = at::zeros({chunks, world}, q.options().dtype(at::kLong));
   if (n == 0) return {keys, positions, counts};
 
-  // Blocks of fixed size (not one per thread), so that the result does not depend on the thread count; their
-  // number is capped so that the per-block counters stay small.
-  int64_t blocks = (n + (1 << 15) - 1) >> 15;
-  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, (int64_t(1) << 24) / buckets));
-  const int64_t block_size = (n + blocks - 1) / blocks;
-  blocks = (n + block_size - 1) / block_size;
-  std::vector<int64_t> offsets(static_cast<size_t>(blocks * buckets), 0);
-
   const void* base = q.data_ptr();
   const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
   uint64_t* out_keys = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
   int64_t* out_pos = positions.data_ptr<int64_t>();
-  int64_t* out_counts = counts.data_ptr<int64_t>();
   const uint64_t un = static_cast<uint64_t>(n);
-
+  BlockPlan plan(n, buckets);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        int64_t* h = offsets.data() + blk * buckets;
-        const int64_t end = std::min(n, (blk + 1) * block_size);
-        for (int64_t i = blk * block_size; i < end; ++i)
-          ++h[send_bucket(i, un, chunks, ordered_query<T>(base, i), split, num_splitters)];
-      }
-    });
-    int64_t run = 0;
-    for (int64_t b = 0; b < buckets; ++b) {
-      const int64_t start = run;
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        int64_t& o = offsets[blk * buckets + b];
-        const int64_t c = o;
-        o = run;
-        run += c;
-      }
-      out_counts[b] = run - start;
-    }
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t blk = b0; blk < b1; ++blk) {
-        int64_t* cursor = offsets.data() + blk * buckets;  // this block's own slots: no other thread touches them
-        const int64_t end = std::min(n, (blk + 1) * block_size);
-        for (int64_t i = blk * block_size; i < end; ++i) {
-          const uint64_t k = ordered_query<T>(base, i);
-          const int64_t dst = cursor[send_bucket(i, un, chunks, k, split, num_splitters)]++;
-          out_keys[dst] = k;
-          out_pos[dst] = i;
-        }
-      }
+    plan.count([&](int64_t i) { return send_bucket(i, un, chunks, ordered_query<T>(base, i), split, num_splitters); },
+               false, counts.data_ptr<int64_t>());
+    plan.scatter([&](int64_t i, int64_t* cursor) {
+      const uint64_t k = ordered_query<T>(base, i);
+      const int64_t dst = cursor[send_bucket(i, un, chunks, k, split, num_splitters)]++;
+      out_keys[dst] = k;
+      out_pos[dst] = i;
     });
   });
   return {keys, positions, counts};
+}
+
+// Padded blocks, stable: each owner's block holds its first `capacity` queries in query order.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cpu(const at::Tensor& queries, int64_t key_type,
+                                                                    const at::Tensor& splitters, int64_t capacity) {
+  check_padded_args(queries, key_type, splitters, capacity);
+  const at::Tensor q = queries.contiguous();
+  const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
+  at::Tensor keys = at::zeros({world * capacity}, q.options().dtype(at::kLong));
+  at::Tensor slots = at::empty({n}, q.options().dtype(at::kLong));
+  at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
+  if (n == 0) return {keys, slots, counts};
+
+  const void* base = q.data_ptr();
+  const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
+  uint64_t* out_keys = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  int64_t* out_slot = slots.data_ptr<int64_t>();
+  BlockPlan plan(n, world);
+  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
+    constexpr KeyType T = decltype(tag)::value;
+    plan.count([&](int64_t i) { return owner_of(ordered_query<T>(base, i), split, num_splitters); }, true,
+               counts.data_ptr<int64_t>());
+    plan.scatter([&](int64_t i, int64_t* cursor) {
+      const uint64_t k = ordered_query<T>(base, i);
+      const int64_t d = owner_of(k, split, num_splitters);
+      const int64_t off = cursor[d]++;
+      if (off < capacity) {
+        out_keys[d * capacity + off] = k;
+        out_slot[i] = d * capacity + off;
+      } else {
+        out_slot[i] = -1;
+      }
+    });
+  });
+  return {keys, slots, counts};
 }
 
 // Local answers (first local row or count, count or sum bits) as the [n, 2] rows of the return exchange, local
@@ -149,10 +203,41 @@ std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers
   return {first, second};
 }
 
+// Output j of query i: answers[slots[i], j], or fill_j for slot -1.
+std::tuple<at::Tensor, at::Tensor> gather_answers_cpu(const at::Tensor& answers, const at::Tensor& slots,
+                                                      int64_t fill_first, int64_t fill_second) {
+  check_gather_args(answers, slots);
+  const at::Tensor ans = answers.contiguous(), sl = slots.contiguous();
+  const int64_t n = sl.numel(), m = ans.size(0);
+  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  const int64_t* pa = ans.data_ptr<int64_t>();
+  const int64_t* ps = sl.data_ptr<int64_t>();
+  int64_t* o0 = first.data_ptr<int64_t>();
+  int64_t* o1 = second.data_ptr<int64_t>();
+  std::atomic<bool> bad{false};
+  at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) {
+      const int64_t j = ps[i];
+      if (j < 0 || j >= m) {
+        if (j != -1) bad.store(true, std::memory_order_relaxed);
+        o0[i] = fill_first;
+        o1[i] = fill_second;
+      } else {
+        o0[i] = pa[2 * j];
+        o1[i] = pa[2 * j + 1];
+      }
+    }
+  });
+  TORCH_CHECK(!bad.load(), "gather_answers: a slot is past the answers (", m, " rows) and not -1");
+  return {first, second};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("partition_queries", &partition_queries_cpu);
+  m.impl("partition_padded", &partition_padded_cpu);
+  m.impl("gather_answers", &gather_answers_cpu);
   m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
   m.impl("scatter_answers", &scatter_answers_cpu);

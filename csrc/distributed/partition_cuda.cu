@@ -2,7 +2,9 @@
 // partition_queries: a counting kernel (per-block histogram in shared memory, then one global atomic per
 // bucket and block), an exclusive scan of the small count array, and a scatter kernel in which each block
 // reserves its slots per bucket with one global atomic. Order within a bucket is not stable (blocks reserve in
-// any order); the positions travel with the keys, so every answer still lands at its query.
+// any order); the positions travel with the keys, so every answer still lands at its query. partition_padded
+// (the fixed-capacity exchange) is the scatter kernel alone, writing into per-owner blocks; gather_answers reads
+// the answers back by the slots it recorded.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -63,11 +65,15 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
     if (s_count[b]) atomicAdd(&counts[b], static_cast<unsigned long long>(s_count[b]));
 }
 
-template <KeyType T>
+// Grouped (Padded = false): query i's key goes to the bucket's next slot of one array (cursor: each bucket's
+// first slot), out_pos[slot] = i. Padded: to owner d's block at d * capacity + its offset in the block (cursor:
+// zeros, each owner's count once done), out_pos[i] = that slot, or -1 past the capacity.
+template <KeyType T, bool Padded>
 __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64_t n,
                                          const uint64_t* __restrict__ splitters, int64_t num_splitters, int64_t chunks,
                                          int64_t buckets, unsigned long long* __restrict__ cursor,
-                                         uint64_t* __restrict__ out_keys, int64_t* __restrict__ out_pos) {
+                                         uint64_t* __restrict__ out_keys, int64_t* __restrict__ out_pos,
+                                         int64_t capacity) {
   extern __shared__ unsigned long long smem[];
   uint64_t* s_split = reinterpret_cast<uint64_t*>(smem);
   unsigned long long* s_base = smem + num_splitters;
@@ -101,9 +107,16 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       if (bucket[j] < 0) continue;
-      const int64_t dst = static_cast<int64_t>(s_base[bucket[j]] + slot[j]);
-      out_keys[dst] = key[j];
-      out_pos[dst] = tile + j * kBlock + threadIdx.x;
+      const int64_t i = tile + j * kBlock + threadIdx.x;
+      const int64_t at = static_cast<int64_t>(s_base[bucket[j]] + slot[j]);
+      if constexpr (Padded) {
+        const int64_t dst = bucket[j] * capacity + at;
+        if (at < capacity) out_keys[dst] = key[j];
+        out_pos[i] = at < capacity ? dst : -1;
+      } else {
+        out_keys[at] = key[j];
+        out_pos[at] = i;
+      }
     }
   }
 }
@@ -139,13 +152,71 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
   at::Tensor cursor = flat.cumsum(0).sub_(flat);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
-    partition_scatter_kernel<T><<<grid, kBlock, smem, stream>>>(
+    partition_scatter_kernel<T, false><<<grid, kBlock, smem, stream>>>(
         q.data_ptr(), n, split, num_splitters, chunks, buckets,
         reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
-        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), positions.data_ptr<int64_t>());
+        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), positions.data_ptr<int64_t>(), 0);
   });
   RTX_CHECK_LAUNCH();
   return {keys, positions, counts};
+}
+
+// One pass: no counting kernel, no scan (a block's offsets come from the owners' running counts).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cuda(const at::Tensor& queries, int64_t key_type,
+                                                                     const at::Tensor& splitters, int64_t capacity) {
+  check_padded_args(queries, key_type, splitters, capacity);
+  const c10::cuda::CUDAGuard guard(queries.device());
+  const at::Tensor q = queries.contiguous();
+  const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
+  TORCH_CHECK(world <= kMaxPartitionBuckets, "partition_padded on CUDA takes at most ", kMaxPartitionBuckets,
+              " owners, got ", world);
+  at::Tensor keys = at::zeros({world * capacity}, q.options().dtype(at::kLong));
+  at::Tensor slots = at::empty({n}, q.options().dtype(at::kLong));
+  at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
+  if (n == 0) return {keys, slots, counts};
+
+  const size_t smem = partition_smem(num_splitters, world);
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
+    constexpr KeyType T = decltype(tag)::value;
+    partition_scatter_kernel<T, true><<<grid, kBlock, smem, current_stream()>>>(
+        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, 1, world,
+        reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()),
+        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), slots.data_ptr<int64_t>(), capacity);
+  });
+  RTX_CHECK_LAUNCH();
+  return {keys, slots, counts};
+}
+
+__global__ void gather_answers_kernel(const longlong2* __restrict__ ans, int64_t m, const int64_t* __restrict__ slots,
+                                      int64_t n, int64_t fill_first, int64_t fill_second, int64_t* __restrict__ first,
+                                      int64_t* __restrict__ second) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = slots[i];
+    // Past the answers and not -1 cannot come from partition_padded: filled (the CPU kernel raises).
+    const bool hit = j >= 0 && j < m;
+    const longlong2 v = hit ? ans[j] : make_longlong2(fill_first, fill_second);
+    first[i] = v.x;
+    second[i] = v.y;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> gather_answers_cuda(const at::Tensor& answers, const at::Tensor& slots,
+                                                       int64_t fill_first, int64_t fill_second) {
+  check_gather_args(answers, slots);
+  const c10::cuda::CUDAGuard guard(answers.device());
+  const at::Tensor sl = slots.contiguous();
+  at::Tensor ans = answers.contiguous();  // read as 16-byte vectors: 16-byte aligned storage
+  if (reinterpret_cast<uintptr_t>(ans.data_ptr()) % 16 != 0) ans = ans.clone();
+  const int64_t n = sl.numel();
+  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  if (n == 0) return {first, second};
+  gather_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), ans.size(0), sl.data_ptr<int64_t>(), n,
+      fill_first, fill_second, first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+  return {first, second};
 }
 
 __global__ void pack_answers_kernel(const int64_t* __restrict__ a, const int64_t* __restrict__ b,
@@ -227,6 +298,8 @@ std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answer
 
 TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("partition_queries", &partition_queries_cuda);
+  m.impl("partition_padded", &partition_padded_cuda);
+  m.impl("gather_answers", &gather_answers_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
   m.impl("scatter_answers", &scatter_answers_cuda);
   m.impl("global_rows", &global_rows_cuda);

@@ -1149,25 +1149,17 @@ class ShardedIndex:
         return Fixed(out, gover)
 
     def _fixed_points(self, op, lo, local_values, value_dtype, qcap: int, checked: bool, st: _Stages) -> Fixed:
-        """Point queries through the fixed-capacity exchange: grouped by owner in one pass (partition_queries,
-        as in the dynamic path), owner d's group sent as d's block (its first ``qcap`` queries; which queries of
-        an overfull group are dropped is not specified: the CUDA grouping is not stable), the answers put in
-        the caller's order in one pass (scatter_answers). Fixed shapes, no host synchronization."""
-        dev, W, n = self.device, self.world, lo.numel()
+        """Point queries through the fixed-capacity exchange: put into per-owner blocks of ``qcap`` slots in one
+        pass (partition_padded; which queries of an overfull owner fill its block is not specified: the CUDA
+        kernel is not stable), and their answers read back by slot in one pass (gather_answers). Fixed shapes,
+        no host synchronization."""
+        W = self.world
         internal = _internal()
-        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, 1)
-        counts = counts.reshape(W)
-        ends = counts.cumsum(0)
-        starts = ends - counts
-        slot = torch.arange(qcap, device=dev)
-        if n:
-            data = torch.where(slot[None] < counts[:, None], keys[(starts[:, None] + slot[None]).clamp(max=n - 1)], 0)
-        else:
-            data = torch.zeros((W, qcap), dtype=torch.int64, device=dev)
+        keys, slots, counts = internal.partition_padded(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, qcap)
         overflow = (counts > qcap).any()
         head = torch.stack([counts, overflow.to(torch.int64).expand(W)], dim=1)
         st.mark("partition")
-        got = self._a2a(torch.cat([head, data], dim=1), None, None, st)
+        got = self._a2a(torch.cat([head, keys.view(W, qcap)], dim=1), None, None, st)
         st.mark("exchange")
         gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
         rlo = got[:, 2:].contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
@@ -1177,18 +1169,10 @@ class ShardedIndex:
         got = self._a2a(payload, None, None, st)
         st.mark("return")
         self._fixed_failed(op, err, got[:, 0], checked)
-        back = got[:, 1:].reshape(W * qcap, 2)
-        # The answer of send slot j: from its owner's block at j's offset in the owner's group (dropped past qcap).
-        j = torch.arange(n, device=dev)
-        owner = torch.searchsorted(ends, j, right=True)
-        offset = j - starts[owner.clamp(max=W - 1)]
+        back = got[:, 1:].contiguous().view(W * qcap, 2)
         is_agg = "aggregate" in op
-        dropped = torch.tensor([-1, 0] if is_agg else [-1, -1], dtype=torch.int64, device=dev)
-        if qcap:
-            mine = torch.where((offset < qcap)[:, None], back[(owner * qcap + offset).clamp(max=W * qcap - 1)], dropped)
-        else:
-            mine = dropped.expand(n, 2)
-        first, second = internal.scatter_answers(mine, positions)
+        # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
+        first, second = internal.gather_answers(back, slots, -1, 0 if is_agg else -1)
         st.mark("scatter")
         self._last_stats = st.stats
         if is_agg:
