@@ -20,7 +20,7 @@ import torch
 from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, range_queries
 from reference import Reference
 
-from torch_rtindex import CgRXIndex, IdToRow
+from torch_rtindex import CgRXIndex, ChunkedIndex, IdToRow
 from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
 
 
@@ -450,14 +450,40 @@ def check_local_factories(ck: Checker, rank: int, world: int, device, group=None
     q = point_queries(allk, 40 + rank, torch.Generator().manual_seed(rank))
     first, count, rows = ref.points(q)
     o, f = csr(rows)
+    # The out-of-core index as the shard: tiny chunks and a small cache (the key set repeats one key often).
+    chunked = functools.partial(ChunkedIndex, chunk_bytes=4096, gpu_budget=40000, device=device)
+    lo = torch.sort(q).values[::2].contiguous()
+    hi = lo + 50
+    rfirst, rcount, rrows = ref.ranges(lo, hi)
     for name, kw in (("rx", {"index_factory": RXIndex}),
                      ("cgrx binary_search", {"index_factory": functools.partial(CgRXIndex, backend="binary_search", bucket_size=4)}),
-                     ("updatable", {"updatable": True})):
+                     ("updatable", {"updatable": True}),
+                     ("chunked", {"index_factory": chunked}),
+                     ("chunked updatable", {"index_factory": functools.partial(chunked, updatable=True), "updatable": True})):
         idx = ShardedIndex(parts[rank].to(device), group=group, **kw)
         r = idx.lookup(q.to(device))
         ck.eq(r.first_row, first, f"{name} lookup first_row")
         ck.eq(r.count, count, f"{name} lookup count")
         ck.eq(idx.lookup_all(q.to(device)).rows, f, f"{name} lookup_all rows")
+        if not name.startswith("chunked"):
+            continue
+        ck.eq(idx.range_lookup(lo.to(device), hi.to(device)).count, rcount, f"{name} range_lookup count")
+        ck.eq(idx.range(lo.to(device), hi.to(device)).offsets, csr(rrows)[0], f"{name} range offsets")
+        fx = idx.lookup_fixed(q.to(device), 40 + world)  # the same on every rank: the largest batch
+        ck.eq(fx.answer.first_row, first, f"{name} lookup_fixed first_row")
+        vals = torch.ones(idx.num_contributed(), dtype=torch.float64, device=device)
+        ck.close(idx.aggregate(q.to(device), vals).sum, count.astype("float64"), f"{name} aggregate sum")
+        # Per-rank and gathered states round-trip through the out-of-core shard.
+        again = ShardedIndex.from_state_dict(idx.state_dict(), group=group)
+        ck.ok(type(again.local_index).__name__ == "ChunkedIndex", f"{name} state reloads a ChunkedIndex shard")
+        ck.eq(again.lookup_all(q.to(device)).rows, f, f"{name} from_state_dict lookup_all rows")
+        st = idx.gathered_state_dict()
+        ck.eq(st["rows"], torch.arange(allk.numel()), f"{name} gathered rows")
+        if kw.get("updatable"):
+            res = idx.insert(parts[rank][:5].to(device))
+            ck.eq(idx.lookup(parts[rank][:5].to(device)).count.cpu() >= 2, torch.ones(5, dtype=torch.bool),
+                  f"{name} insert counted")
+            ck.ok(int(res.rows.min()) >= allk.numel(), f"{name} inserted rows are fresh")
 
 
 def check_compiles(ck: Checker, rank: int, world: int, device, group=None) -> None:

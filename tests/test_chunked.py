@@ -1231,6 +1231,37 @@ def test_updatable_save_open_after_updates(tmp_path, gen):
         broken.lookup(in_chunk1)
 
 
+@pytest.mark.parametrize("updatable", [False, True])
+def test_state_dict_round_trip_after_updates(gen, updatable):
+    """state_dict / from_state_dict in memory (what a ShardedIndex state holds): every answer equal, after
+    updates that made row IDs other than positions, through torch.save with weights_only."""
+    import io
+
+    keys = int64_keys("duplicates", 2000, gen)
+    index = chunked(keys, "cpu", updatable=updatable, gpu_budget=1 << 17)
+    index.update(insert_keys=keys[::40] + 1, delete_keys=keys[:30], delete_rows=torch.arange(30))
+    probe = keys[::23].tolist() + (keys[::40] + 1).tolist()
+    buf = io.BytesIO()
+    torch.save(index.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=True)
+    again = ChunkedIndex.from_state_dict(state, device="cpu", gpu_budget=1 << 17)
+    assert again.updatable == updatable and again._next_row == index._next_row and len(again) == len(index)
+    _equal(_all_answers(again, probe)[:-1], _all_answers(index, probe)[:-1])
+    more = dict(insert_keys=keys[5:8] * 3, delete_keys=keys[100:103])  # it takes further updates alike
+    index.update(**more)
+    again.update(**more)
+    _equal(_all_answers(again, probe)[:-1], _all_answers(index, probe)[:-1])
+    empty = ChunkedIndex.from_state_dict(chunked(keys[:0], "cpu").state_dict(), device="cpu")
+    assert len(empty) == 0 and empty.lookup(keys[:3]).count.tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="not a ChunkedIndex state"):
+        ChunkedIndex.from_state_dict({**state, "version": 9}, device="cpu")
+    with pytest.raises(ValueError, match="distinct non-negative row IDs"):
+        ChunkedIndex.from_state_dict({**state, "rows": torch.zeros_like(state["rows"])}, device="cpu")
+    with pytest.raises(ValueError, match="1-D int64 tensors of one length"):
+        ChunkedIndex.from_state_dict({**state, "rows": state["rows"][1:]}, device="cpu")
+
+
 def test_updatable_argument_checks(gen):
     keys = int64_keys("uniform", 500, gen)
     with pytest.raises(TypeError, match="updatable must be True or False"):

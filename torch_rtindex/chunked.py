@@ -1886,6 +1886,77 @@ class ChunkedIndex:
                 except FileNotFoundError:
                     pass
 
+    # ------------------------------------------------------------------------------------ state in memory
+    _STATE_FORMAT = "torch_rtindex.ChunkedIndex.state"
+    _STATE_VERSION = 1
+    _STATE_CONFIG = ("key_type", "key_dtype", "chunk_bytes", "bucket_size", "layout", "backend", "updatable",
+                     "node_size", "growth", "next_row", "rows_are_positions")
+
+    def _export(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every (ordered key, row ID) pair, on the CPU: chunk by chunk (key ranges in order), row IDs int64."""
+        parts = [self._decode(c) for c in self._chunks]
+        if not parts:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        return torch.cat([k.cpu() for k, _ in parts]), torch.cat([r.cpu() for _, r in parts])
+
+    def state_dict(self) -> dict[str, Any]:
+        """The index's (key, row ID) pairs and configuration as CPU tensors and plain values (the chunks' search
+        structures are rebuilt on load), for ``torch.save`` or a :class:`ShardedIndex` state. It holds every key:
+        for an index larger than host memory allows twice, use :meth:`save` / :meth:`open` instead. ``"keys"``
+        are ordered keys (the uint64 order-preserving map as int64); the cache settings (``gpu_budget``, ...) are
+        not part of it, they are chosen again at :meth:`from_state_dict`."""
+        keys, rows = self._export()
+        return {"format": self._STATE_FORMAT, "version": self._STATE_VERSION, "keys": keys, "rows": rows,
+                "key_type": self.key_type, "key_dtype": str(self.key_dtype).removeprefix("torch."),
+                "chunk_bytes": self.chunk_bytes, "bucket_size": self.bucket_size, "layout": self.layout,
+                "backend": self.backend, "updatable": self.updatable, "node_size": self.node_size,
+                "growth": self.growth, "next_row": self._next_row, "rows_are_positions": self._rows_are_positions}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], device: torch.device | str | None = None, *,
+                        gpu_budget: int | None = None, processors: str = "auto", critical_mass: int | None = None,
+                        eviction: str = "demand", pipeline_depth: int = 2, hot_keys: int | None = None,
+                        hot_sample: int | None = None) -> "ChunkedIndex":
+        """A new index from :meth:`state_dict`'s output, its chunks built on the CPU from the pairs; ``device``
+        and the cache settings as for the constructor (default device: CUDA where there is one)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"a ChunkedIndex state is a dict (from ChunkedIndex.state_dict()), got {type(state).__name__}")
+        missing = [k for k in ("format", "version", "keys", "rows", *cls._STATE_CONFIG) if k not in state]
+        if missing or state["format"] != cls._STATE_FORMAT or state["version"] != cls._STATE_VERSION:
+            raise ValueError(f"not a ChunkedIndex state of version {cls._STATE_VERSION} (from "
+                             f"ChunkedIndex.state_dict()); missing entries: {missing}")
+        keys, rows = state["keys"], state["rows"]
+        if not (isinstance(keys, torch.Tensor) and isinstance(rows, torch.Tensor) and keys.dim() == rows.dim() == 1
+                and keys.dtype == rows.dtype == torch.int64 and keys.numel() == rows.numel()):
+            raise ValueError("the state's keys and rows must be 1-D int64 tensors of one length")
+        key_dtype = getattr(torch, str(state["key_dtype"]), None)
+        if not isinstance(key_dtype, torch.dtype):
+            raise ValueError(f"the state's key_dtype {state['key_dtype']!r} is not a torch dtype")
+        self = cls.__new__(cls)
+        self._configure(key_type=state["key_type"], key_dtype=key_dtype, chunk_bytes=state["chunk_bytes"],
+                        gpu_budget=gpu_budget, device=device, bucket_size=state["bucket_size"],
+                        layout=state["layout"], backend=state["backend"], processors=processors,
+                        critical_mass=critical_mass, eviction=eviction, pipeline_depth=pipeline_depth,
+                        hot_keys=hot_keys, hot_sample=hot_sample, updatable=bool(state["updatable"]),
+                        node_size=state["node_size"], growth=state["growth"])
+        keys, rows = keys.cpu(), rows.cpu()
+        # (key, row ID) order: by row, then stably by key. Row IDs are distinct and non-negative.
+        by_row = torch.sort(rows, stable=True)
+        if rows.numel() and (int(by_row.values[0]) < 0 or bool((by_row.values[1:] == by_row.values[:-1]).any())):
+            raise ValueError("the state's rows must be distinct non-negative row IDs")
+        sf, perm = torch.sort(keys.index_select(0, by_row.indices) ^ TOP, stable=True)
+        pos = by_row.values.index_select(0, perm)
+        chunks: list[_Chunk] = []
+        self._cut(sf, pos, self._chunk_keys(), True, chunks)
+        if not chunks:
+            chunks.append(self._build_chunk(keys[:0], rows[:0], 0))
+        self._set_chunks(chunks)
+        self._n = keys.numel()
+        self._next_row = max(int(state["next_row"]), int(by_row.values[-1]) + 1 if rows.numel() else 0)
+        self._rows_are_positions = bool(state["rows_are_positions"])
+        self._setup_tiers()
+        return self
+
     @classmethod
     def open(cls, directory: str | os.PathLike, *, gpu_budget: int | None = None,
              device: torch.device | str | None = None, processors: str = "auto", critical_mass: int | None = None,

@@ -26,6 +26,7 @@ from .._grouping import MAX_CUDA_BUCKETS, group_by
 from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
 from ..cgrx import CgRXIndex
 from ..cgrx_updatable import UpdatableCgRXIndex
+from ..chunked import ChunkedIndex
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from ..rx import RXIndex
 
@@ -55,7 +56,7 @@ _OP_CODES = {name: i for i, name in enumerate(_OPS)}
 _HEAD = 7
 _DEVICE_CODES = {"cpu": 0, "cuda": 1, "xpu": 2, "mps": 3, "hpu": 4, "meta": 5}
 
-_LOCAL_CLASSES = {c.__name__: c for c in (CgRXIndex, UpdatableCgRXIndex, RXIndex)}
+_LOCAL_CLASSES = {c.__name__: c for c in (CgRXIndex, UpdatableCgRXIndex, RXIndex, ChunkedIndex)}
 STATE_FORMAT = "torch_rtindex.ShardedIndex"
 GATHERED_FORMAT = "torch_rtindex.ShardedIndex.gathered"
 STATE_VERSION = 1
@@ -150,7 +151,8 @@ class ShardedIndex:
             ``ordered_keys`` are the rank's keys as ordered keys (int64 storage of the uint64 order-preserving
             map) in ascending global row order. Default: :class:`~torch_rtindex.CgRXIndex`, or
             :class:`~torch_rtindex.UpdatableCgRXIndex` with ``updatable=True``; pass e.g.
-            ``functools.partial(CgRXIndex, backend="radix")`` to configure it.
+            ``functools.partial(CgRXIndex, backend="radix")`` to configure it, or
+            ``functools.partial(ChunkedIndex, gpu_budget=...)`` for shards larger than a GPU (out of core).
         updatable: whether :meth:`update` / :meth:`insert` / :meth:`delete` are wanted (default local index
             :class:`~torch_rtindex.UpdatableCgRXIndex`).
         sample_size: keys per rank sampled to choose the splitters.
