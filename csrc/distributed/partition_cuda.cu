@@ -26,6 +26,12 @@ inline size_t partition_smem(int64_t num_splitters, int64_t buckets) {
   return static_cast<size_t>(num_splitters) * 8 + static_cast<size_t>(buckets) * 12;
 }
 
+// Blocks of the partition kernels: a tile each, at most 8 per multiprocessor (they loop over the tiles).
+inline unsigned partition_grid(int64_t n) {
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+}
+
 // Lanes of a warp adding one to the same shared counter are served by one atomic (few buckets: a warp's lanes
 // mostly agree, and 32 lanes on one shared address would serialize). Returns this lane's slot; bucket < 0 (no
 // query) takes none. Every lane of the warp must call it.
@@ -136,8 +142,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
   if (n == 0) return {keys, positions, counts};
 
   const size_t smem = partition_smem(num_splitters, buckets);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+  const unsigned grid = partition_grid(n);
   const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
   auto* count_ptr = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
   const cudaStream_t stream = current_stream();
@@ -176,8 +181,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cuda(const at::T
   if (n == 0) return {keys, slots, counts};
 
   const size_t smem = partition_smem(num_splitters, world);
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+  const unsigned grid = partition_grid(n);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
     partition_scatter_kernel<T, true><<<grid, kBlock, smem, current_stream()>>>(
