@@ -15,7 +15,8 @@
 #   bash benchmarks/gpu_check.sh chunked31  # out of core on an H200: 2^31 keys (its host holds them, the in-core
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
-#   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests and the sharded bench
+#   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
+#                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
 # The build lands in .build (TORCH_RTINDEX_BUILD_DIR), so a warm machine reuses it across stages.
@@ -94,6 +95,11 @@ case "${1:-}" in
   sharded)
     { header "sharded, $(nvidia-smi -L | wc -l) GPUs"
       RTINDEX_WORKER_TRACE=1 python3 -m pytest tests/test_sharded.py -q -x -p no:cacheprovider -k nccl
+      # Every form of the bench at small sizes on every rank, under memcheck (NCCL's start-up probes are API
+      # errors it handles itself, hence --report-api-errors no).
+      compute-sanitizer --tool memcheck --error-exitcode 3 --target-processes all --report-api-errors no \
+        torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bench.py --log-keys 14 \
+        --log-lookups 15 --repeats 1 --out-dir "$(mktemp -d)" 2>&1 | grep -E "ERROR SUMMARY|Error|^weak|^strong"
       torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bench.py --modes weak,strong \
         --pipeline 8 --nccl-high-priority --trace --repeats 3 --out-dir "$out"
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
