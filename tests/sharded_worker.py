@@ -753,6 +753,8 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
         ("range: local lookup fails", (idx, "local", None), lambda b: idx.range(q, q + 3)),
         ("range_capped: local lookup fails", (idx, "local", None), lambda b: idx.range_capped(q, q + 3, 5)),
         ("lookup_fixed: local lookup fails", (idx, "local", None), lambda b: idx.lookup_fixed(q, 64)),
+        ("lookup_fixed: routing fails", (idx, "partition", None), lambda b: idx.lookup_fixed(q, 64)),
+        ("aggregate_fixed: routing fails", (idx, "partition", None), lambda b: idx.aggregate_fixed(q, vals, 64)),
         ("range_capped(query_capacity): local lookup fails", (idx, "local", None),
          lambda b: idx.range_capped(q, q + 3, 5, query_capacity=64)),
         ("gathered_state_dict: export fails", (idx, "export", None), lambda b: idx.gathered_state_dict()),

@@ -1158,22 +1158,43 @@ class ShardedIndex:
         pass (partition_padded; which queries of an overfull owner fill its block is not specified: the CUDA
         kernel is not stable), and their answers read back by slot in one pass (gather_answers). Fixed shapes,
         no host synchronization."""
-        W = self.world
+        dev, W = self.device, self.world
         internal = _internal()
-        keys, slots, counts = internal.partition_padded(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, qcap)
+        part_err = None
+        try:
+            self._maybe_fault("partition")
+            keys, slots, counts = internal.partition_padded(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, qcap)
+        except Exception as e:  # noqa: BLE001  (eager: sent as this rank's status, raised after the exchanges)
+            if not self._eager():
+                raise
+            part_err = e
+            keys = torch.zeros(W * qcap, dtype=torch.int64, device=dev)
+            slots = torch.full((lo.numel(),), -1, dtype=torch.int64, device=dev)
+            counts = torch.zeros(W, dtype=torch.int64, device=dev)
         overflow = (counts > qcap).any()
-        head = torch.stack([counts, overflow.to(torch.int64).expand(W)], dim=1)
+        status = torch.full((W,), int(part_err is not None), dtype=torch.int64, device=dev)
+        head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
         st.mark("partition")
         got = self._a2a(torch.cat([head, keys.view(W, qcap)], dim=1), None, None, st)
         st.mark("exchange")
         gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
-        rlo = got[:, 2:].contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
+        routed = got[:, 2]  # each rank's routing status
+        rlo = got[:, 3:].contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
         base = op.removesuffix("_fixed")
         payload, err = self._fixed_local(lambda: self._local_per_query(base, rlo, None, local_values), (W, qcap * 2))
         st.mark("local")
         got = self._a2a(payload, None, None, st)
         st.mark("return")
         self._fixed_failed(op, err, got[:, 0], checked)
+        # A rank whose routing failed took part in both exchanges (nobody waits for it) and raises now; with checks
+        # every rank does.
+        if part_err is not None:
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank {self.rank}: "
+                                    f"{type(part_err).__name__}: {part_err}", {self.rank: str(part_err)}) from part_err
+        if checked and bool(routed.any()):
+            failed = (routed != 0).nonzero()[:, 0].tolist()
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed} (see the error "
+                                    "raised there); the index is unchanged")
         back = got[:, 1:].contiguous().view(W * qcap, 2)
         is_agg = "aggregate" in op
         # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
