@@ -371,14 +371,12 @@ class ShardedIndex:
         if rows is None:
             rows = torch.arange(offset, offset + ordered.numel(), dtype=torch.int64, device=device)
         self._splitters = self._choose_splitters(ordered, counts)
-        owner = self._route(ordered)
-        st.mark("partition")
-        order, send_splits = self._partition(owner)
-        recv_splits = self._exchange_counts(send_splits)
-        send_splits, recv_splits = send_splits.tolist(), recv_splits.tolist()
-        payload = torch.stack([ordered[order], rows[order]], dim=1)
-        got = self._a2a(payload, send_splits, recv_splits, st)
-        st.mark("exchange")
+
+        def route():
+            owner = self._route(ordered)
+            return owner, [ordered, rows], owner
+
+        got, _, send_splits, recv_splits, (owner,) = self._send_pieces("build", route, st)
         rkeys, rrows = got[:, 0].contiguous(), got[:, 1].contiguous()
         if mapped:  # from a gathered state: rows arrive in no particular order
             by_row = torch.argsort(rrows)
@@ -462,11 +460,6 @@ class ShardedIndex:
         return torch.searchsorted(self._splitters, ordered ^ _SIGN, right=True)
 
     # ---------------------------------------------------------------------------------------- exchanges
-    def _exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
-        recv = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv, send_counts, group=self.group)
-        return recv
-
     def _a2a(self, send: torch.Tensor, send_splits: list[int] | None, recv_splits: list[int] | None,
              st: _Stages) -> torch.Tensor:
         send = send.contiguous()
@@ -527,17 +520,45 @@ class ShardedIndex:
         owner = o_lo[query] + torch.arange(total, device=self.device) - first[query]
         return query, owner, qlo[query], qhi[query]
 
-    def _send_pieces(self, owner: torch.Tensor, cols: list[torch.Tensor], st: _Stages):
-        """Dynamic exchange of pieces to their owners: (received [R, len(cols)], send order, send splits,
-        receive splits)."""
-        order, send_counts = self._partition(owner)
+    def _send_pieces(self, op: str, route: Callable[[], tuple], st: _Stages):
+        """Dynamic exchange of pieces to their owners. ``route()`` gives (owner of each piece, its columns,
+        *extra). The routing (``route``, the grouping, the payload) is guarded: a failure on any rank (out of
+        memory) is that rank's status in the counts exchange, so every rank raises before a piece moves and no
+        rank waits in a collective the failed one never posts. Returns (received [R, len(cols)], send order,
+        send splits, receive splits, extra); one host synchronization."""
+        err, extra = None, ()
+        try:
+            self._maybe_fault("partition")
+            owner, cols, *extra = route()
+            order, send_counts = self._partition(owner)
+            payload = cols[0][order].unsqueeze(1) if len(cols) == 1 else torch.stack([c[order] for c in cols], dim=1)
+        except Exception as e:  # noqa: BLE001  (every rank raises after the counts exchange)
+            err = e
+            send_counts = torch.zeros(self.world, dtype=torch.int64, device=self.device)
         st.mark("partition")
-        recv_counts = self._exchange_counts(send_counts)
-        send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
-        payload = cols[0][order].unsqueeze(1) if len(cols) == 1 else torch.stack([c[order] for c in cols], dim=1)
+        head = torch.stack([send_counts, torch.full_like(send_counts, int(err is not None))], dim=1)
+        recv = torch.empty_like(head)
+        dist.all_to_all_single(recv, head, group=self.group)
+        sent, got_counts = torch.stack([head, recv]).tolist()  # [rank][count, status], both directions
+        failed = [r for r in range(self.world) if got_counts[r][1]]
+        if failed:
+            here = "" if err is None else f"; here: {type(err).__name__}: {err}"
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing failed on rank(s) {failed}{here}; nothing was "
+                                    "exchanged, the index is unchanged",
+                                    {self.rank: str(err)} if err is not None else {}) from err
+        send_splits, recv_splits = [c for c, _ in sent], [c for c, _ in got_counts]
         got = self._a2a(payload, send_splits, recv_splits, st)
         st.mark("exchange")
-        return got, order, send_splits, recv_splits
+        return got, order, send_splits, recv_splits, tuple(extra)
+
+    def _range_route(self, lo: torch.Tensor, hi: torch.Tensor | None, with_owner: bool = False):
+        """The route of :meth:`_send_pieces` for the CSR and capped forms: pieces as (lo, hi) pairs (a point
+        query as lo = hi); extra: the query of each piece (and its owner)."""
+        def route():
+            qlo, qhi = self._map_queries(lo, hi)
+            query, owner, plo, phi = self._pieces(qlo, qhi)
+            return (owner, [plo, phi], query, owner) if with_owner else (owner, [plo, phi], query)
+        return route
 
     def _to_global(self, rows: torch.Tensor) -> torch.Tensor:
         """Local row IDs (-1: none) to global ones."""
@@ -599,10 +620,11 @@ class ShardedIndex:
             st.stats.update(queries=lo.numel(), pipelined=chunks)
             self._last_stats = st.stats
             return out
-        qlo, qhi = self._map_queries(lo, hi)
-        query, owner, plo, phi = self._pieces(qlo, qhi)
-        cols = [plo] if hi is None else [plo, phi]
-        got, order, send_splits, recv_splits = self._send_pieces(owner, cols, st)
+        def route():
+            query, owner, plo, phi = self._pieces(*self._map_queries(lo, hi))
+            return owner, [plo] if hi is None else [plo, phi], query
+
+        got, order, send_splits, recv_splits, (query,) = self._send_pieces(op, route, st)
         rlo = got[:, 0].contiguous()
         rhi = None if hi is None else got[:, 1].contiguous()
         ans, err = self._guarded(lambda: self._local_per_query(op, rlo, rhi, local_values),
@@ -613,7 +635,7 @@ class ShardedIndex:
         self._raise_failed(op, err, (back == _FAILED).all(dim=1), send_splits)
         out = self._combine(op, back, order, query, lo.numel(), values.dtype if values is not None else None)
         st.mark("scatter")
-        st.stats.update(queries=lo.numel(), pieces=owner.numel(), received=rlo.numel())
+        st.stats.update(queries=lo.numel(), pieces=order.numel(), received=rlo.numel())
         self._last_stats = st.stats
         return out
 
@@ -847,9 +869,8 @@ class ShardedIndex:
     def _csr(self, op: str, lo: torch.Tensor, hi: torch.Tensor | None) -> Matches:
         _, heads = self._agree(op, lambda: self._check_queries(lo, hi), lambda _: [lo.numel()])
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
-        qlo, qhi = self._map_queries(lo, hi)
-        query, owner, plo, phi = self._pieces(qlo, qhi)
-        got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
+        got, order, send_splits, recv_splits, (query,) = self._send_pieces(op, self._range_route(lo, hi), st)
+
         def local():
             self._maybe_fault("local")
             m = self._local.range(got[:, 0].contiguous(), got[:, 1].contiguous())
@@ -867,7 +888,7 @@ class ShardedIndex:
         back_rows = self._a2a(rows, src_totals, dst_totals, st)
         self._raise_failed(op, err, back_counts == _FAILED, send_splits)
         st.mark("return")
-        n, P = lo.numel(), owner.numel()
+        n, P = lo.numel(), order.numel()
         gen_counts = torch.empty_like(back_counts).index_copy_(0, order, back_counts)
         # Start of each piece's rows in back_rows (send order), moved to generation order.
         src_start = torch.empty_like(back_counts).index_copy_(0, order, torch.cumsum(back_counts, 0) - back_counts)
@@ -925,9 +946,8 @@ class ShardedIndex:
         if query_capacity is not None:
             return self._capped_fixed(op, lo, hi, capacity, query_capacity, checked=True)
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
-        qlo, qhi = self._map_queries(lo, hi)
-        query, owner, plo, phi = self._pieces(qlo, qhi)
-        got, order, send_splits, recv_splits = self._send_pieces(owner, [plo, phi], st)
+        got, order, send_splits, recv_splits, (query, owner) = self._send_pieces(
+            op, self._range_route(lo, hi, with_owner=True), st)
         rlo, rhi = got[:, 0].contiguous(), got[:, 1].contiguous()
         # Per source block: its pieces' full counts and the first `capacity` rows of its answer (never more of
         # a block's rows can land in the caller's first `capacity`).
@@ -1275,12 +1295,18 @@ class ShardedIndex:
         n_ins = [h[_HEAD] for h in heads]
         first_row = self._num_rows + sum(n_ins[: self.rank])
         new_rows = torch.arange(first_row, first_row + ik.numel(), dtype=torch.int64, device=self.device)
-        oi = _ops().map_keys(ik, KEY_TYPES[self.key_type])
-        od = _ops().map_keys(dk, KEY_TYPES[self.key_type])
-        i_owner, d_owner = self._route(oi), self._route(od)
-        drows = delete_rows.to(torch.int64) if delete_rows is not None else torch.full_like(od, -1)
-        ins, i_order, i_send, i_recv = self._send_pieces(i_owner, [oi, new_rows], st)
-        dels, _, _, _ = self._send_pieces(d_owner, [od, drows], st)
+        def route_inserts():
+            oi = _ops().map_keys(ik, KEY_TYPES[self.key_type])
+            owner = self._route(oi)
+            return owner, [oi, new_rows], owner
+
+        def route_deletes():
+            od = _ops().map_keys(dk, KEY_TYPES[self.key_type])
+            drows = delete_rows.to(torch.int64) if delete_rows is not None else torch.full_like(od, -1)
+            return self._route(od), [od, drows]
+
+        ins, i_order, i_send, i_recv, (i_owner,) = self._send_pieces("update", route_inserts, st)
+        dels, _, _, _, _ = self._send_pieces("update", route_deletes, st)
         rik, rir = ins[:, 0].contiguous(), ins[:, 1].contiguous()
         rdk, rdr = dels[:, 0].contiguous(), dels[:, 1].contiguous()
         L = self._l2g.numel()
