@@ -245,7 +245,7 @@ class ShardedIndex:
         self._fault: Callable[[str], None] | None = None  # test hook: called with a stage name, may raise
 
     def _maybe_fault(self, stage: str) -> None:
-        """Fault injection for tests (``self._fault``): stages "partition" (routing a point lookup), "local"
+        """Fault injection for tests (``self._fault``): stages "partition" (routing any call's pieces), "local"
         (every local lookup), "update_apply", "update_record" (bookkeeping after applying), "export"
         (gathered_state_dict)."""
         if self._fault is not None:
@@ -1093,36 +1093,65 @@ class ShardedIndex:
         owner = ranks.repeat(n)
         return query, owner, qlo[query], qhi[query], valid
 
-    def _fixed_exchange(self, owner, valid, cols, qcap: int, st: _Stages):
-        """Padded exchange of pieces: returns (received data [world * qcap, k], valid slots, global overflow
-        (0-d bool), position of each piece in the send buffer, dropped pieces). No host synchronization."""
+    def _fixed_exchange(self, lo, hi, k: int, qcap: int, st: _Stages):
+        """Padded exchange of the pieces of ``lo`` / ``hi`` (``k`` columns: 1 for points, 2 for ranges). Returns
+        (received data [world * qcap, k], valid slots, global overflow (0-d bool), each rank's routing status,
+        this rank's routing error, and the pieces: (query, owner, valid) of each piece, its position in the send
+        buffer, dropped pieces). No host synchronization. In eager mode a failure while routing (out of memory)
+        sends empty blocks and status 1 instead of raising, so that every rank posts both exchanges; the caller
+        raises after the return (:meth:`_raise_routing`)."""
         dev, W = self.device, self.world
-        P = owner.numel()
-        key = owner if valid is None else torch.where(valid, owner, W)
-        order = torch.argsort(key, stable=True)
-        skey = key[order]
-        starts = torch.searchsorted(skey, torch.arange(W + 1, device=dev))
-        slot = torch.empty_like(order).index_copy_(0, order, torch.arange(P, device=dev) - starts[skey])
-        counts = starts[1:] - starts[:-1]
-        live = torch.ones(P, dtype=torch.bool, device=dev) if valid is None else valid
-        fits = slot < qcap
-        dropped = live & ~fits
-        overflow = dropped.any()
-        trash = W * qcap
-        pos = torch.where(live & fits, owner * qcap + slot, trash)
-        k = len(cols)
-        data = torch.zeros(trash + 1, k, dtype=torch.int64, device=dev)
-        data.index_copy_(0, pos, torch.stack(cols, dim=1))
-        head = torch.stack([counts, overflow.to(torch.int64).expand(W)], dim=1)
-        payload = torch.cat([head, data[:trash].reshape(W, qcap * k)], dim=1)
+        err, pieces = None, None
+        try:
+            self._maybe_fault("partition")
+            qlo, qhi = self._map_queries(lo, hi)
+            query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
+            cols = [plo] if k == 1 else [plo, phi]
+            P = owner.numel()
+            key = owner if valid is None else torch.where(valid, owner, W)
+            order = torch.argsort(key, stable=True)
+            skey = key[order]
+            starts = torch.searchsorted(skey, torch.arange(W + 1, device=dev))
+            slot = torch.empty_like(order).index_copy_(0, order, torch.arange(P, device=dev) - starts[skey])
+            counts = starts[1:] - starts[:-1]
+            live = torch.ones(P, dtype=torch.bool, device=dev) if valid is None else valid
+            fits = slot < qcap
+            dropped = live & ~fits
+            overflow = dropped.any()
+            trash = W * qcap
+            pos = torch.where(live & fits, owner * qcap + slot, trash)
+            data = torch.zeros(trash + 1, k, dtype=torch.int64, device=dev)
+            data.index_copy_(0, pos, torch.stack(cols, dim=1))
+            data = data[:trash].reshape(W, qcap * k)
+            pieces = (query, owner, valid, pos.clamp(max=trash - 1) if trash else pos, dropped)
+        except Exception as e:  # noqa: BLE001  (eager: this rank's status, raised after the return exchange)
+            if not self._eager():
+                raise
+            err = e
+            counts = torch.zeros(W, dtype=torch.int64, device=dev)
+            overflow = torch.zeros((), dtype=torch.bool, device=dev)
+            data = torch.zeros((W, qcap * k), dtype=torch.int64, device=dev)
+        status = torch.full((W,), int(err is not None), dtype=torch.int64, device=dev)
+        head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
         st.mark("partition")
-        got = self._a2a(payload, None, None, st)
+        got = self._a2a(torch.cat([head, data], dim=1), None, None, st)
         st.mark("exchange")
         rcount = got[:, 0].clamp(max=qcap)
         gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
-        rdata = got[:, 2:].reshape(W * qcap, k)
+        rdata = got[:, 3:].reshape(W * qcap, k)
         rvalid = (torch.arange(qcap, device=dev)[None] < rcount[:, None]).reshape(-1)
-        return rdata, rvalid, gover, pos.clamp(max=trash - 1) if trash else pos, dropped
+        return rdata, rvalid, gover, got[:, 2], err, pieces
+
+    def _raise_routing(self, op: str, err: BaseException | None, routed: torch.Tensor, checked: bool) -> None:
+        """After a fixed-capacity return exchange: the rank whose routing failed raises; with checks every rank
+        does (``routed``: each rank's status; one host synchronization)."""
+        if err is not None:
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank {self.rank}: "
+                                    f"{type(err).__name__}: {err}", {self.rank: str(err)}) from err
+        if checked and bool(routed.any()):
+            failed = (routed != 0).nonzero()[:, 0].tolist()
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed} (see the error "
+                                    "raised there); the index is unchanged")
 
     def _fixed(self, op, lo, hi, values, query_capacity, check):
         checked = self._checks_wanted(check)
@@ -1150,10 +1179,7 @@ class ShardedIndex:
         if hi is None and (self.device.type != "cuda" or self.world <= MAX_CUDA_BUCKETS):
             return self._fixed_points(op, lo, local_values, values.dtype if values is not None else None, qcap,
                                       checked, st)
-        qlo, qhi = self._map_queries(lo, hi)
-        query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
-        cols = [plo] if hi is None else [plo, phi]
-        rdata, rvalid, gover, pos, dropped = self._fixed_exchange(owner, valid, cols, qcap, st)
+        rdata, rvalid, gover, routed, perr, pieces = self._fixed_exchange(lo, hi, 1 if hi is None else 2, qcap, st)
         rlo = rdata[:, 0].contiguous()
         rhi = None if hi is None else rdata[:, 1].contiguous()
         base = op.removesuffix("_fixed")
@@ -1163,6 +1189,8 @@ class ShardedIndex:
         got = self._a2a(payload, None, None, st)
         st.mark("return")
         self._fixed_failed(op, err, got[:, 0], checked)
+        self._raise_routing(op, perr, routed, checked)
+        query, owner, valid, pos, dropped = pieces
         back = got[:, 1:].reshape(self.world * qcap, 2)
         mine = back[pos] if back.shape[0] else torch.zeros(pos.numel(), 2, dtype=torch.int64, device=self.device)
         if valid is not None:  # a range's pieces at shards it does not overlap contribute nothing
@@ -1206,15 +1234,7 @@ class ShardedIndex:
         got = self._a2a(payload, None, None, st)
         st.mark("return")
         self._fixed_failed(op, err, got[:, 0], checked)
-        # A rank whose routing failed took part in both exchanges (nobody waits for it) and raises now; with checks
-        # every rank does.
-        if part_err is not None:
-            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank {self.rank}: "
-                                    f"{type(part_err).__name__}: {part_err}", {self.rank: str(part_err)}) from part_err
-        if checked and bool(routed.any()):
-            failed = (routed != 0).nonzero()[:, 0].tolist()
-            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed} (see the error "
-                                    "raised there); the index is unchanged")
+        self._raise_routing(op, part_err, routed, checked)  # a failed rank took part in both exchanges
         back = got[:, 1:].contiguous().view(W * qcap, 2)
         is_agg = "aggregate" in op
         # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
@@ -1229,9 +1249,7 @@ class ShardedIndex:
 
     def _capped_fixed(self, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
-        qlo, qhi = self._map_queries(lo, hi)
-        query, owner, plo, phi, valid = self._fixed_pieces(qlo, qhi)
-        rdata, rvalid, gover, pos, dropped = self._fixed_exchange(owner, valid, [plo, phi], qcap, st)
+        rdata, rvalid, gover, routed, perr, pieces = self._fixed_exchange(lo, hi, 2, qcap, st)
         # Slots past a block's count become empty ranges (ordered lo 1 > hi 0), so they add no rows.
         rlo = torch.where(rvalid, rdata[:, 0], 1)
         rhi = torch.where(rvalid, rdata[:, 1], 0)
@@ -1248,6 +1266,8 @@ class ShardedIndex:
         got = self._a2a(payload, None, None, st)
         st.mark("return")
         self._fixed_failed(op, err, got[:, 0], checked)
+        self._raise_routing(op, perr, routed, checked)
+        query, owner, valid, pos, dropped = pieces
         back = got[:, 1:]
         counts_from = back[:, :qcap].reshape(-1)
         rows_from = back[:, qcap:].reshape(-1)
