@@ -8,6 +8,10 @@ benchmarks/results/<device>/small_batch_<commit>.json: one entry per method and 
     python benchmarks/small_batch_bench.py --device cpu --log-keys 16 --log-queries 4 10      # CPU per-call cost
     python benchmarks/small_batch_bench.py --breakdown --log-queries 4 14   # where one eager call's time goes
     python benchmarks/small_batch_bench.py --embedding --log-keys 20 --log-queries 10 14   # the example's step
+    python benchmarks/small_batch_bench.py --methods cgRX-radix,IdToRow,one_kernel --log-queries 10 14
+
+``one_kernel`` (``q + 1``) is the floor of the framework itself: a compiled call of it costs what torch.compile adds
+to any call, so a compiled lookup cannot cost less.
 
 ``--embedding`` times examples/embedding_bag.py's training step (forward, loss, backward; bags of 8 IDs, 2^q
 IDs per step) eager and compiled, with IdToRow inside and with the rows precomputed, so the index's share of a
@@ -182,6 +186,8 @@ def main() -> int:
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile column")
     ap.add_argument("--breakdown", action="store_true", help="print where one eager call's time goes, then stop")
     ap.add_argument("--embedding", action="store_true", help="time the embedding example's step, then stop")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated subset of the methods to time (e.g. cgRX-radix,IdToRow,one_kernel)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -219,6 +225,15 @@ def main() -> int:
         methods["hash_table"] = lambda q: ht.lookup(q)
     id_to_row = torch_rtindex.IdToRow(keys, miss="minus_one")
     methods["IdToRow"] = id_to_row
+    # The framework's floor: one elementwise kernel over the batch. What torch.compile adds to it (guards, the
+    # compiled graph's call, cudagraph-tree bookkeeping) is the least any compiled call pays.
+    methods["one_kernel"] = lambda q: (q + 1,)
+    if args.methods:
+        wanted = args.methods.split(",")
+        unknown = sorted(set(wanted) - set(methods))
+        if unknown:
+            raise SystemExit(f"unknown methods {unknown}; choose from {sorted(methods)}")
+        methods = {k: v for k, v in methods.items() if k in wanted}
 
     entries = []
     for lq in args.log_queries:
@@ -229,7 +244,7 @@ def main() -> int:
         for name, fn in methods.items():
             out = fn(q)
             first = out if name == "IdToRow" else out[0]
-            if name not in ("hash_table",) and not torch.equal(first, want_first):
+            if name not in ("hash_table", "one_kernel") and not torch.equal(first, want_first):
                 raise SystemExit(f"{name} disagrees with the sorted array at 2^{lq} queries")
             eager = per_call_us(lambda: fn(q), dev, iters)
             compiled = None
