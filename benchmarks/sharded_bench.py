@@ -237,7 +237,7 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
         assert torch.equal(f.answer.first_row, single.lookup(queries).first_row), "fixed form != single"
     fixed_s = time_collective(fixed, dev, a.repeats)
     record("lookup_fixed", fixed_s, single_s, profiled(idx, fixed, dev), {"query_capacity": qcap, "overflowed": overflowed})
-    del idx, single, queries, all_queries
+    idx = single = queries = all_queries = None  # freed before the range indexes are built (closures hold the names)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -266,7 +266,7 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
         s = time_collective(lambda: idx.range_lookup(lo, hi), dev, a.repeats)
         s1 = single_time(lambda: single.range_lookup(all_lo, all_hi))
         record(f"range_lookup{h}", s, s1, profiled(idx, lambda: idx.range_lookup(lo, hi), dev), {"hits": h})
-    del idx, single
+    idx = single = None  # closures above hold the names
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return out
