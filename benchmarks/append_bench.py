@@ -45,7 +45,7 @@ def run_append(log_keys: int, log_lookups: int, days: int, log_batch: int, devic
         assert torch.equal(got.first_row, want[0]) and torch.equal(got.count, want[1]), name
         ms, _ = timed(lambda: index.lookup(q), device=dev)
         rows[name] = {"lookup_ms": ms, "updates_ms": update_ms, **index.stats()}
-        del index
+        index = None  # the closures above hold the name: released, not deleted
     fresh = UpdatableCgRXIndex(everything)
     ms, got = timed(lambda: fresh.lookup(q), device=dev)
     assert torch.equal(got.first_row, want[0]), "fresh"

@@ -113,7 +113,7 @@ def main() -> None:
                                **{f"range{h}_ms": ranges[False][h] for h in hits},
                                **{f"range{h}_query_sort_ms": ranges[True][h] for h in hits},
                                **{f"range{h}_count_ms": counts[h] for h in hits}})
-        del index, dindex, res, rres
+        index = dindex = res = rres = None  # the closures above hold the name: released, not deleted
         if cuda:
             torch.cuda.empty_cache()
 

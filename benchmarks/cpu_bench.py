@@ -106,7 +106,7 @@ def main() -> int:
             rec[f"range{hits}_aggregate_cgrx_s"] = t_agg
             rec[f"range{hits}_aggregate_sa_s"] = t_sa_r + t_sa_sum  # the prefix sums over sorted values are extra
         rows.append(rec)
-        del index, rx
+        index = rx = None  # the closures above hold the name: released, not deleted
 
     one = next((r for r in rows if r["threads"] == 1), None)
     print(f"{cpu_name()}, {os.cpu_count()} cores, torch {torch.__version__}, commit {git_commit()}, "

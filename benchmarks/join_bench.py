@@ -329,8 +329,8 @@ def run(args: argparse.Namespace) -> dict:
                 record(join_kind, how, engine, "copies+build+join", threads, ms, cores,
                        fingerprint(*(x.numpy() for x in pairs)), want[join_kind, how])
                 del pairs
-            del index
-        del keys, q
+            index = None  # the closures above hold the name: released, not deleted
+        keys = q = None  # the closures above hold the name: released, not deleted
         if device == "cuda":
             torch.cuda.empty_cache()
     con.close()

@@ -68,7 +68,7 @@ def main() -> None:
             assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count), f"{name}, {bits} bits"
             rows.append((f"{name}: sorted inside, {bits} bits", ms))
             result["lookups_ms"][f"{name} sorted {bits} bits"] = ms
-        del index
+        index = None  # the closures above hold the name: released, not deleted
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 

@@ -220,7 +220,7 @@ def main() -> None:
     rows.append(("SA point lookups, sorted probes", float("nan"), float("nan"), sa_sorted_ms, q / sa_sorted_ms / 1e3))
     rows.append(("RX point lookups, sorted probes", float("nan"), float("nan"), rx_sorted_ms, q / rx_sorted_ms / 1e3))
     result.update(sa_sorted_lookup_ms=sa_sorted_ms, rx_sorted_lookup_ms=rx_sorted_ms)
-    del index, res
+    index = res = None  # the closures above hold the name: released, not deleted
     torch.cuda.empty_cache()
 
     # ---- range lookups on dense keys: each range [k, k + hits - 1] holds `hits` keys (fewer at the top)

@@ -48,7 +48,7 @@ def run_waves(log_keys: int, log_lookups: int, waves: int, node_size: int, devic
     small = UpdatableCgRXIndex(base[: 1 << 16].clone(), node_size=node_size)
     cold_insert_ms, _ = wall_ms(lambda: small.insert(extra[: 1 << 12]), dev)
     cold_delete_ms, _ = wall_ms(lambda: small.delete(extra[: 1 << 12]), dev)
-    del small
+    small = None  # the closures above hold the name: released, not deleted
     index = UpdatableCgRXIndex(base, node_size=node_size)
     rows = []
     current = base
@@ -63,7 +63,7 @@ def run_waves(log_keys: int, log_lookups: int, waves: int, node_size: int, devic
     fresh = UpdatableCgRXIndex(current, node_size=node_size)
     fresh_ms, fresh_res = timed(lambda: fresh.lookup(q), device=dev)
     assert torch.equal(after.count, fresh_res.count) and bool((after.count == 1).all()), "lookups after inserts wrong"
-    del fresh
+    fresh = None  # the closures above hold the name: released, not deleted
     for i, w in enumerate(chunks):
         ms, res = wall_ms(lambda: index.delete(w), dev)
         assert res.deleted == w.numel() and res.absent == 0
