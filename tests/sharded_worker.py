@@ -474,8 +474,9 @@ def check_local_factories(ck: Checker, rank: int, world: int, device, group=None
         vals = torch.ones(idx.num_contributed(), dtype=torch.float64, device=device)
         ck.close(idx.aggregate(q.to(device), vals).sum, count.astype("float64"), f"{name} aggregate sum")
         # Per-rank and gathered states round-trip through the out-of-core shard.
-        again = ShardedIndex.from_state_dict(idx.state_dict(), group=group)
+        again = ShardedIndex.from_state_dict(idx.state_dict(), group=group, local_options={"gpu_budget": 50000})
         ck.ok(type(again.local_index).__name__ == "ChunkedIndex", f"{name} state reloads a ChunkedIndex shard")
+        ck.ok(again.local_index.gpu_budget == 50000, f"{name} local_options reach the shard's from_state_dict")
         ck.eq(again.lookup_all(q.to(device)).rows, f, f"{name} from_state_dict lookup_all rows")
         st = idx.gathered_state_dict()
         ck.eq(st["rows"], torch.arange(allk.numel()), f"{name} gathered rows")

@@ -1465,9 +1465,12 @@ class ShardedIndex:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], *, group: dist.ProcessGroup | None = None,
-                        device: torch.device | str | None = None, profile: bool = False) -> "ShardedIndex":
+                        device: torch.device | str | None = None, profile: bool = False,
+                        local_options: dict[str, Any] | None = None) -> "ShardedIndex":
         """Collective: every rank loads the state its rank saved (:meth:`state_dict`), in a group of the same
-        size. ``device``: where to build (default: where the state's tensors are)."""
+        size. ``device``: where to build (default: where the state's tensors are). ``local_options``: keyword
+        arguments for the local index class's ``from_state_dict``, for settings a state does not hold (e.g.
+        ``{"gpu_budget": ...}`` for :class:`~torch_rtindex.ChunkedIndex` shards)."""
         self = cls.__new__(cls)
         self._setup(group, None, bool(state.get("updatable", False)) if isinstance(state, dict) else False, profile)
         dev_err = None
@@ -1496,7 +1499,7 @@ class ShardedIndex:
             if local_cls is None:
                 raise ValueError(f"unknown local index class {state['local_class']!r}")
             t = lambda x: x.to(dev)  # noqa: E731
-            local = local_cls.from_state_dict(state["local"], device=dev)
+            local = local_cls.from_state_dict(state["local"], device=dev, **(local_options or {}))
             key_dtype = getattr(torch, state["key_dtype"])
             return local, key_dtype, t(state["splitters"]), t(state["local_to_global"]), t(state["source"]), \
                 t(state["sequence"]), t(state["contributed_owner"])
