@@ -21,6 +21,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference
 
 from torch_rtindex import CgRXIndex, ChunkedIndex, IdToRow
+import torch_rtindex.distributed.sharded as sharded
 from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
 
 
@@ -145,6 +146,13 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     r = idx.lookup(qd)
     ck.eq(r.first_row, first, "pipelined lookup first_row")
     ck.eq(r.count, count, "pipelined lookup count")
+    ck.ok(idx.stats()["pipelined"] == 3, "pipelined lookup ran in 3 chunks")  # run() lowered the threshold
+    small = sharded.MIN_CHUNK_QUERIES
+    sharded.MIN_CHUNK_QUERIES = 1 << 20  # the default: a batch this small is not split, whatever the setting
+    r = idx.lookup(qd)
+    ck.ok(idx.stats()["pipelined"] == 1, "a small batch ran in one chunk at the default threshold")
+    ck.eq(r.first_row, first, "small batch at the default threshold first_row")
+    sharded.MIN_CHUNK_QUERIES = small
     idx.pipeline = 1
     m = idx.lookup_all(qd)
     o, f = csr(rows)
@@ -592,6 +600,7 @@ def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
     import torch.distributed as dist
 
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    sharded.MIN_CHUNK_QUERIES = 1  # the test batches are small: pipelined calls split them anyway
     some = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
     if layout == "world":
         failures = check_group(None, device, seed, None, True, compile=True)
@@ -682,7 +691,6 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
 
     import torch.distributed as dist
 
-    import torch_rtindex.distributed.sharded as sharded
 
     served = {d.type for d in dist.group.WORLD._device_types}
     store = dist.distributed_c10d._get_default_store()

@@ -35,6 +35,9 @@ _I64_MAX = 2**63 - 1
 _FAILED = -2  # an answer slot of an owner whose local lookup failed (no real answer is ever -2)
 # Point lookups on CUDA go out in this many chunks by default, so that exchanges overlap local lookups.
 DEFAULT_CUDA_PIPELINE = 4
+# Point lookups are split into pipeline chunks only where each chunk keeps at least this many queries of the
+# largest rank's batch: every chunk costs two more collectives, which small batches pay without anything to overlap.
+MIN_CHUNK_QUERIES = 1 << 20
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -156,7 +159,8 @@ class ShardedIndex:
         updatable: whether :meth:`update` / :meth:`insert` / :meth:`delete` are wanted (default local index
             :class:`~torch_rtindex.UpdatableCgRXIndex`).
         sample_size: keys per rank sampled to choose the splitters.
-        pipeline: split the point lookups of :meth:`lookup` and :meth:`aggregate` into this many chunks whose
+        pipeline: split the point lookups of :meth:`lookup` and :meth:`aggregate` into up to this many chunks
+            (each keeps at least ``MIN_CHUNK_QUERIES`` of the largest rank's batch: small batches stay whole) whose
             exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no pipelining;
             the same on every rank). Default: ``DEFAULT_CUDA_PIPELINE`` on CUDA, 1 on the CPU (gloo's
             collectives block the caller, so there is nothing to overlap). The attribute may be changed between
@@ -614,7 +618,7 @@ class ShardedIndex:
         if values is not None:
             self._disagree(heads, 5, "the value dtype", lambda v: str(_VALUE_DTYPES[v]) if v >= 0 else "?")
             local_values = self._route_values(values, st, all(h[_HEAD + 1] for h in heads))
-        chunks = self._point_chunks() if hi is None else 0
+        chunks = self._point_chunks(max(h[_HEAD] for h in heads)) if hi is None else 0
         if chunks:
             out = self._points(op, lo, local_values, values.dtype if values is not None else None, chunks, st)
             st.stats.update(queries=lo.numel(), pipelined=chunks)
@@ -679,14 +683,14 @@ class ShardedIndex:
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
         return _internal().pack_answers(a.count.to(torch.int64), s, self._l2g[:0])
 
-    def _point_chunks(self) -> int:
-        """Chunks of a point lookup through partition_queries (0: through the pieces path instead). The same on
-        every rank: the pipeline setting is agreed in the call header."""
-        if self.device.type != "cuda":
-            return self.pipeline
-        if self.world > MAX_CUDA_BUCKETS:
+    def _point_chunks(self, largest: int) -> int:
+        """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
+        pipeline setting, at least MIN_CHUNK_QUERIES of the ``largest`` rank's batch per chunk. The same on every
+        rank: the pipeline setting and every rank's batch size are agreed in the call header."""
+        if self.device.type == "cuda" and self.world > MAX_CUDA_BUCKETS:
             return 0
-        return max(1, min(self.pipeline, MAX_CUDA_BUCKETS // self.world))
+        most = self.pipeline if self.device.type != "cuda" else min(self.pipeline, MAX_CUDA_BUCKETS // self.world)
+        return max(1, min(most, largest // MIN_CHUNK_QUERIES))
 
     def _points(self, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dtype, chunks: int,
                 st: _Stages):
