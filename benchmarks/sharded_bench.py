@@ -59,6 +59,8 @@ def parse(argv=None):
                     help="under torchrun: NCCL's streams at high priority, so its kernels get SMs ahead of lookups")
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="under torchrun: NCCL's CTAs per collective at most (fewer SMs taken from the lookups)")
+    ap.add_argument("--min-chunk-queries", type=int, default=None,
+                    help="override sharded.MIN_CHUNK_QUERIES (e.g. 1: small runs exercise the pipelined path too)")
     ap.add_argument("--trace", action="store_true",
                     help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
@@ -318,6 +320,10 @@ def table(rows: list[dict]) -> str:
 def bench(rank: int, world: int, argv: list[str]) -> None:
     a = parse(argv)
     dev = torch.device("cuda", torch.cuda.current_device()) if a.device == "cuda" else torch.device("cpu")
+    if a.min_chunk_queries is not None:
+        from torch_rtindex.distributed import sharded
+
+        sharded.MIN_CHUNK_QUERIES = a.min_chunk_queries
     rows = []
     for mode in [m for m in a.modes.split(",") if m]:
         rows += run_mode(mode, a, rank, world, dev)
