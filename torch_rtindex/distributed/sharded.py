@@ -524,33 +524,40 @@ class ShardedIndex:
         owner = o_lo[query] + torch.arange(total, device=self.device) - first[query]
         return query, owner, qlo[query], qhi[query]
 
+    def _exchange_counts(self, op: str, counts: torch.Tensor, err: BaseException | None) -> tuple[list, list]:
+        """The counts exchange every dynamic call starts with, and its failure report: ``counts`` [world, k] (row
+        d: what this rank sends rank d) goes out with this rank's status appended (1: its routing failed with
+        ``err``). Returns (sent, received) as [world][k] lists (one host synchronization); if any rank's routing
+        failed, every rank raises here, before a query moves, so no rank waits in a collective another skips."""
+        head = torch.cat([counts, torch.full_like(counts[:, :1], int(err is not None))], dim=1)
+        recv = torch.empty_like(head)
+        dist.all_to_all_single(recv, head, group=self.group)
+        sent, got = torch.stack([head, recv]).tolist()
+        failed = [r for r in range(self.world) if got[r][-1]]
+        if failed:
+            here = "" if err is None else f"; here: {type(err).__name__}: {err}"
+            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed}{here}; "
+                                    "nothing was exchanged, the index is unchanged",
+                                    {self.rank: str(err)} if err is not None else {}) from err
+        return [row[:-1] for row in sent], [row[:-1] for row in got]
+
     def _send_pieces(self, op: str, route: Callable[[], tuple], st: _Stages):
         """Dynamic exchange of pieces to their owners. ``route()`` gives (owner of each piece, its columns,
         *extra). The routing (``route``, the grouping, the payload) is guarded: a failure on any rank (out of
-        memory) is that rank's status in the counts exchange, so every rank raises before a piece moves and no
-        rank waits in a collective the failed one never posts. Returns (received [R, len(cols)], send order,
-        send splits, receive splits, extra); one host synchronization."""
+        memory) is reported through the counts exchange (:meth:`_exchange_counts`). Returns (received
+        [R, len(cols)], send order, send splits, receive splits, extra)."""
         err, extra = None, ()
         try:
             self._maybe_fault("partition")
             owner, cols, *extra = route()
             order, send_counts = self._partition(owner)
             payload = cols[0][order].unsqueeze(1) if len(cols) == 1 else torch.stack([c[order] for c in cols], dim=1)
-        except Exception as e:  # noqa: BLE001  (every rank raises after the counts exchange)
+        except Exception as e:  # noqa: BLE001  (every rank raises in the counts exchange)
             err = e
             send_counts = torch.zeros(self.world, dtype=torch.int64, device=self.device)
         st.mark("partition")
-        head = torch.stack([send_counts, torch.full_like(send_counts, int(err is not None))], dim=1)
-        recv = torch.empty_like(head)
-        dist.all_to_all_single(recv, head, group=self.group)
-        sent, got_counts = torch.stack([head, recv]).tolist()  # [rank][count, status], both directions
-        failed = [r for r in range(self.world) if got_counts[r][1]]
-        if failed:
-            here = "" if err is None else f"; here: {type(err).__name__}: {err}"
-            raise ShardedIndexError(f"ShardedIndex.{op}: routing failed on rank(s) {failed}{here}; nothing was "
-                                    "exchanged, the index is unchanged",
-                                    {self.rank: str(err)} if err is not None else {}) from err
-        send_splits, recv_splits = [c for c, _ in sent], [c for c, _ in got_counts]
+        sent, got_counts = self._exchange_counts(op, send_counts[:, None], err)
+        send_splits, recv_splits = [c for c, in sent], [c for c, in got_counts]
         got = self._a2a(payload, send_splits, recv_splits, st)
         st.mark("exchange")
         return got, order, send_splits, recv_splits, tuple(extra)
@@ -711,23 +718,12 @@ class ShardedIndex:
         try:
             self._maybe_fault("partition")
             keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
-            # Row d: every chunk's count to rank d, then this rank's status (0: routed).
-            send_counts = torch.cat([counts.t(), counts.new_zeros((W, 1))], dim=1)
         except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
             part_err = e
-            send_counts = torch.zeros((W, C + 1), dtype=torch.int64, device=self.device)
-            send_counts[:, C] = 1
+            counts = torch.zeros((C, W), dtype=torch.int64, device=self.device)
         st.mark("partition")
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
-        sc, rc = torch.stack([send_counts, recv_counts]).transpose(1, 2).tolist()  # each [chunk][rank] + status
-        failed_ranks = [r for r in range(W) if rc[C][r]]
-        if failed_ranks:
-            msg = "" if part_err is None else f"; here: {type(part_err).__name__}: {part_err}"
-            raise ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed_ranks}{msg}; "
-                                    "no queries were exchanged, the index is unchanged",
-                                    {self.rank: str(part_err)} if part_err is not None else {}) from part_err
-        sc, rc = sc[:C], rc[:C]
+        sent, got_counts = self._exchange_counts(op, counts.t(), part_err)  # row d: every chunk's count to rank d
+        sc, rc = [list(col) for col in zip(*sent)], [list(col) for col in zip(*got_counts)]  # each [chunk][rank]
         starts = [0]
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
@@ -801,11 +797,7 @@ class ShardedIndex:
             count_col = 0 if "aggregate" in op else 1
             self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
         st.mark("scatter")
-        if "aggregate" in op:
-            if value_dtype is not None and value_dtype.is_floating_point:
-                second = second.view(torch.float64)
-            return Aggregate(first, second)
-        return Lookup(first, second)
+        return _point_answer(op, first, second, value_dtype)
 
     def _combine(self, op: str, back: torch.Tensor, order: torch.Tensor, query: torch.Tensor, n: int,
                  value_dtype: torch.dtype | None, dropped: torch.Tensor | None = None):
@@ -1135,16 +1127,35 @@ class ShardedIndex:
             counts = torch.zeros(W, dtype=torch.int64, device=dev)
             overflow = torch.zeros((), dtype=torch.bool, device=dev)
             data = torch.zeros((W, qcap * k), dtype=torch.int64, device=dev)
-        status = torch.full((W,), int(err is not None), dtype=torch.int64, device=dev)
+        rdata, rcount, gover, routed = self._padded_exchange(counts, overflow, err, data, st)
+        rvalid = (torch.arange(qcap, device=dev)[None] < rcount.clamp(max=qcap)[:, None]).reshape(-1)
+        return rdata.reshape(W * qcap, k), rvalid, gover, routed, err, pieces
+
+    def _padded_exchange(self, counts, overflow, err, data, st: _Stages):
+        """The fixed-capacity query exchange: every rank sends every rank its block (``data`` [world, slots])
+        behind a header of the block's count, this rank's overflow flag and its routing status (1: ``err``).
+        Returns (received blocks, their counts, the overflow flag of any rank (0-d bool), each rank's status)."""
+        W = self.world
+        status = torch.full((W,), int(err is not None), dtype=torch.int64, device=self.device)
         head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
         st.mark("partition")
         got = self._a2a(torch.cat([head, data], dim=1), None, None, st)
         st.mark("exchange")
-        rcount = got[:, 0].clamp(max=qcap)
-        gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
-        rdata = got[:, 3:].reshape(W * qcap, k)
-        rvalid = (torch.arange(qcap, device=dev)[None] < rcount[:, None]).reshape(-1)
-        return rdata, rvalid, gover, got[:, 2], err, pieces
+        return got[:, 3:], got[:, 0], got[:, 1].amax() > 0, got[:, 2]
+
+    def _fixed_answers(self, op: str, fn, shape: tuple[int, int], checked: bool, route_err: BaseException | None,
+                       routed: torch.Tensor, st: _Stages) -> torch.Tensor:
+        """The fixed-capacity local stage and return exchange: ``fn()`` answers the received blocks (reshaped to
+        ``shape``, one row per source rank), the rows go back, and failures are raised (a failed local lookup,
+        :meth:`_fixed_failed`; a failed routing, :meth:`_raise_routing`) once every rank has posted both
+        exchanges. Returns the answers this rank got back, [world, shape[1]]."""
+        payload, err = self._fixed_local(fn, shape)
+        st.mark("local")
+        got = self._a2a(payload, None, None, st)
+        st.mark("return")
+        self._fixed_failed(op, err, got[:, 0], checked)
+        self._raise_routing(op, route_err, routed, checked)
+        return got[:, 1:]
 
     def _raise_routing(self, op: str, err: BaseException | None, routed: torch.Tensor, checked: bool) -> None:
         """After a fixed-capacity return exchange: the rank whose routing failed raises; with checks every rank
@@ -1187,15 +1198,9 @@ class ShardedIndex:
         rlo = rdata[:, 0].contiguous()
         rhi = None if hi is None else rdata[:, 1].contiguous()
         base = op.removesuffix("_fixed")
-        payload, err = self._fixed_local(lambda: self._local_per_query(base, rlo, rhi, local_values),
-                                         (self.world, qcap * 2))
-        st.mark("local")
-        got = self._a2a(payload, None, None, st)
-        st.mark("return")
-        self._fixed_failed(op, err, got[:, 0], checked)
-        self._raise_routing(op, perr, routed, checked)
+        back = self._fixed_answers(op, lambda: self._local_per_query(base, rlo, rhi, local_values),
+                                   (self.world, qcap * 2), checked, perr, routed, st).reshape(self.world * qcap, 2)
         query, owner, valid, pos, dropped = pieces
-        back = got[:, 1:].reshape(self.world * qcap, 2)
         mine = back[pos] if back.shape[0] else torch.zeros(pos.numel(), 2, dtype=torch.int64, device=self.device)
         if valid is not None:  # a range's pieces at shards it does not overlap contribute nothing
             mine = torch.where(valid[:, None], mine, torch.tensor([-1, 0], device=self.device) if "lookup" in op
@@ -1223,33 +1228,16 @@ class ShardedIndex:
             keys = torch.zeros(W * qcap, dtype=torch.int64, device=dev)
             slots = torch.full((lo.numel(),), -1, dtype=torch.int64, device=dev)
             counts = torch.zeros(W, dtype=torch.int64, device=dev)
-        overflow = (counts > qcap).any()
-        status = torch.full((W,), int(part_err is not None), dtype=torch.int64, device=dev)
-        head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
-        st.mark("partition")
-        got = self._a2a(torch.cat([head, keys.view(W, qcap)], dim=1), None, None, st)
-        st.mark("exchange")
-        gover = got[:, 1].amax() > 0  # every rank sent every rank its flag: the OR over all ranks
-        routed = got[:, 2]  # each rank's routing status
-        rlo = got[:, 3:].contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
+        blocks, _, gover, routed = self._padded_exchange(counts, (counts > qcap).any(), part_err, keys.view(W, qcap), st)
+        rlo = blocks.contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
         base = op.removesuffix("_fixed")
-        payload, err = self._fixed_local(lambda: self._local_per_query(base, rlo, None, local_values), (W, qcap * 2))
-        st.mark("local")
-        got = self._a2a(payload, None, None, st)
-        st.mark("return")
-        self._fixed_failed(op, err, got[:, 0], checked)
-        self._raise_routing(op, part_err, routed, checked)  # a failed rank took part in both exchanges
-        back = got[:, 1:].contiguous().view(W * qcap, 2)
-        is_agg = "aggregate" in op
+        back = self._fixed_answers(op, lambda: self._local_per_query(base, rlo, None, local_values), (W, qcap * 2),
+                                   checked, part_err, routed, st).contiguous().view(W * qcap, 2)
         # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
-        first, second = internal.gather_answers(back, slots, -1, 0 if is_agg else -1)
+        first, second = internal.gather_answers(back, slots, -1, 0 if "aggregate" in op else -1)
         st.mark("scatter")
         self._last_stats = st.stats
-        if is_agg:
-            if value_dtype is not None and value_dtype.is_floating_point:
-                second = second.view(torch.float64)
-            return Fixed(Aggregate(first, second), gover)
-        return Fixed(Lookup(first, second), gover)
+        return Fixed(_point_answer(op, first, second, value_dtype), gover)
 
     def _capped_fixed(self, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
@@ -1265,14 +1253,8 @@ class ShardedIndex:
                 parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], self._to_global(c.rows)]))
             return torch.stack(parts)
 
-        payload, err = self._fixed_local(local, (self.world, qcap + capacity))
-        st.mark("local")
-        got = self._a2a(payload, None, None, st)
-        st.mark("return")
-        self._fixed_failed(op, err, got[:, 0], checked)
-        self._raise_routing(op, perr, routed, checked)
+        back = self._fixed_answers(op, local, (self.world, qcap + capacity), checked, perr, routed, st)
         query, owner, valid, pos, dropped = pieces
-        back = got[:, 1:]
         counts_from = back[:, :qcap].reshape(-1)
         rows_from = back[:, qcap:].reshape(-1)
         gen_counts = counts_from[pos] if counts_from.numel() else torch.zeros_like(owner)
@@ -1621,6 +1603,16 @@ class ShardedIndex:
     def __repr__(self) -> str:
         return (f"ShardedIndex(rank={self.rank}/{self.world}, keys={self._num_keys}, local_keys={len(self._local)}, "
                 f"key_type={self.key_type}, device={self.device}, local={type(self._local).__name__})")
+
+
+def _point_answer(op: str, first: torch.Tensor, second: torch.Tensor, value_dtype: torch.dtype | None):
+    """The two answer columns of a point call as its result: (first row, count), or for aggregates (count, sum
+    bits; a floating value column's sums are float64 bits)."""
+    if "aggregate" not in op:
+        return Lookup(first, second)
+    if value_dtype is not None and value_dtype.is_floating_point:
+        second = second.view(torch.float64)
+    return Aggregate(first, second)
 
 
 def _group_device_types(group: dist.ProcessGroup) -> frozenset[str]:
