@@ -1,9 +1,11 @@
-// Argument checks of the sharded-index routing operators, shared by their CPU and CUDA kernels.
+// Argument checks of the sharded-index routing operators and their outputs' shapes, shared by the CPU and CUDA
+// kernels.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <tuple>
 
 #include "../core/checks.h"
 
@@ -39,6 +41,11 @@ inline void check_gather_args(const at::Tensor& answers, const at::Tensor& slots
               "answers must be an int64 tensor [m, 2], got ", answers.scalar_type(), " ", answers.sizes());
   TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong, "slots must be a 1-D int64 tensor");
   check_same_device(answers, slots, "answers", "slots");
+}
+
+// The two answer columns (first row or count, count or sum bits) a call returns, n each.
+inline std::tuple<at::Tensor, at::Tensor> answer_columns(int64_t n, const at::TensorOptions& options) {
+  return {at::empty({n}, options), at::empty({n}, options)};
 }
 
 inline void check_answers(const at::Tensor& answers, const at::Tensor& positions) {

@@ -182,7 +182,7 @@ std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers
   check_answers(answers, positions);
   const at::Tensor ans = answers.contiguous(), pos = positions.contiguous();
   const int64_t n = ans.size(0);
-  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  auto [first, second] = answer_columns(n, ans.options());
   const int64_t* pa = ans.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();
@@ -209,7 +209,7 @@ std::tuple<at::Tensor, at::Tensor> gather_answers_cpu(const at::Tensor& answers,
   check_gather_args(answers, slots);
   const at::Tensor ans = answers.contiguous(), sl = slots.contiguous();
   const int64_t n = sl.numel(), m = ans.size(0);
-  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  auto [first, second] = answer_columns(n, ans.options());
   const int64_t* pa = ans.data_ptr<int64_t>();
   const int64_t* ps = sl.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();

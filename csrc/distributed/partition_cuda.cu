@@ -127,6 +127,28 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
   }
 }
 
+// The shared memory of both partition kernels holds the splitters and a counter per bucket.
+void check_cuda_buckets(int64_t buckets, const char* op) {
+  TORCH_CHECK(buckets <= kMaxPartitionBuckets, op, " on CUDA takes at most ", kMaxPartitionBuckets,
+              " buckets (chunks x ranks), got ", buckets);
+}
+
+// Launches the scatter kernel (grouped or padded) over the n queries of q.
+template <bool Padded>
+void launch_scatter(const at::Tensor& q, int64_t key_type, const at::Tensor& splitters, int64_t chunks,
+                    at::Tensor& cursor, at::Tensor& keys, at::Tensor& pos, int64_t capacity) {
+  const int64_t n = q.numel(), num_splitters = splitters.numel(), buckets = chunks * (num_splitters + 1);
+  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
+    constexpr KeyType T = decltype(tag)::value;
+    partition_scatter_kernel<T, Padded><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets),
+                                          current_stream()>>>(
+        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
+        buckets, reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
+        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), capacity);
+  });
+  RTX_CHECK_LAUNCH();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::Tensor& queries, int64_t key_type,
                                                                       const at::Tensor& splitters, int64_t chunks) {
   check_partition_args(queries, key_type, splitters, chunks);
@@ -134,35 +156,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
   const int64_t buckets = chunks * world;
-  TORCH_CHECK(buckets <= kMaxPartitionBuckets, "partition_queries on CUDA takes at most ", kMaxPartitionBuckets,
-              " buckets (chunks x ranks), got ", buckets);
+  check_cuda_buckets(buckets, "partition_queries");
   at::Tensor keys = at::empty({n}, q.options().dtype(at::kLong));
   at::Tensor positions = at::empty({n}, q.options().dtype(at::kLong));
   at::Tensor counts = at::zeros({chunks, world}, q.options().dtype(at::kLong));
   if (n == 0) return {keys, positions, counts};
 
-  const size_t smem = partition_smem(num_splitters, buckets);
-  const unsigned grid = partition_grid(n);
-  const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
-  auto* count_ptr = reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>());
-  const cudaStream_t stream = current_stream();
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
-    partition_count_kernel<T><<<grid, kBlock, smem, stream>>>(q.data_ptr(), n, split, num_splitters, chunks, buckets,
-                                                               count_ptr);
+    partition_count_kernel<T><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets), current_stream()>>>(
+        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
+        buckets, reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()));
   });
   RTX_CHECK_LAUNCH();
   // Each bucket's first slot: the exclusive scan of the counts (bucket-major order is chunk-major, owner-minor).
   const at::Tensor flat = counts.view({-1});
   at::Tensor cursor = flat.cumsum(0).sub_(flat);
-  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
-    constexpr KeyType T = decltype(tag)::value;
-    partition_scatter_kernel<T, false><<<grid, kBlock, smem, stream>>>(
-        q.data_ptr(), n, split, num_splitters, chunks, buckets,
-        reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
-        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), positions.data_ptr<int64_t>(), 0);
-  });
-  RTX_CHECK_LAUNCH();
+  launch_scatter<false>(q, key_type, splitters, chunks, cursor, keys, positions, 0);
   return {keys, positions, counts};
 }
 
@@ -173,24 +183,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cuda(const at::T
   const c10::cuda::CUDAGuard guard(queries.device());
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
-  TORCH_CHECK(world <= kMaxPartitionBuckets, "partition_padded on CUDA takes at most ", kMaxPartitionBuckets,
-              " owners, got ", world);
+  check_cuda_buckets(world, "partition_padded");
   at::Tensor keys = at::zeros({world * capacity}, q.options().dtype(at::kLong));
   at::Tensor slots = at::empty({n}, q.options().dtype(at::kLong));
   at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
   if (n == 0) return {keys, slots, counts};
 
-  const size_t smem = partition_smem(num_splitters, world);
-  const unsigned grid = partition_grid(n);
-  with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
-    constexpr KeyType T = decltype(tag)::value;
-    partition_scatter_kernel<T, true><<<grid, kBlock, smem, current_stream()>>>(
-        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, 1, world,
-        reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()),
-        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), slots.data_ptr<int64_t>(), capacity);
-  });
-  RTX_CHECK_LAUNCH();
+  launch_scatter<true>(q, key_type, splitters, 1, counts, keys, slots, capacity);  // the counts are the cursors
   return {keys, slots, counts};
+}
+
+// Answer rows [m, 2] read as 16-byte vectors: a contiguous tensor whose storage starts 16-byte aligned.
+at::Tensor vector_rows(const at::Tensor& answers) {
+  at::Tensor ans = answers.contiguous();
+  return reinterpret_cast<uintptr_t>(ans.data_ptr()) % 16 == 0 ? ans : ans.clone();
 }
 
 __global__ void gather_answers_kernel(const longlong2* __restrict__ ans, int64_t m, const int64_t* __restrict__ slots,
@@ -210,11 +216,9 @@ std::tuple<at::Tensor, at::Tensor> gather_answers_cuda(const at::Tensor& answers
                                                        int64_t fill_first, int64_t fill_second) {
   check_gather_args(answers, slots);
   const c10::cuda::CUDAGuard guard(answers.device());
-  const at::Tensor sl = slots.contiguous();
-  at::Tensor ans = answers.contiguous();  // read as 16-byte vectors: 16-byte aligned storage
-  if (reinterpret_cast<uintptr_t>(ans.data_ptr()) % 16 != 0) ans = ans.clone();
+  const at::Tensor sl = slots.contiguous(), ans = vector_rows(answers);
   const int64_t n = sl.numel();
-  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  auto [first, second] = answer_columns(n, ans.options());
   if (n == 0) return {first, second};
   gather_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
       reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), ans.size(0), sl.data_ptr<int64_t>(), n,
@@ -284,12 +288,9 @@ __global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const 
 std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
   check_answers(answers, positions);
   const c10::cuda::CUDAGuard guard(answers.device());
-  const at::Tensor pos = positions.contiguous();
-  // The rows are read as 16-byte vectors: a contiguous tensor whose storage starts 16-byte aligned.
-  at::Tensor ans = answers.contiguous();
-  if (reinterpret_cast<uintptr_t>(ans.data_ptr()) % 16 != 0) ans = ans.clone();
+  const at::Tensor pos = positions.contiguous(), ans = vector_rows(answers);
   const int64_t n = ans.size(0);
-  at::Tensor first = at::empty({n}, ans.options()), second = at::empty({n}, ans.options());
+  auto [first, second] = answer_columns(n, ans.options());
   if (n == 0) return {first, second};
   scatter_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
       reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), n,
