@@ -147,6 +147,21 @@ def test_radix_lines_and_unique_keys(device, gen, layout, bucket_size, repeat, b
     assert count.max() == (1 if repeat is None else 2)
 
 
+@pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
+def test_radix_word_sectors_at_every_table_end(device, gen, layout):
+    """The radix search reads a slice's words a 32-byte sector at a time and bisects where a sector would reach
+    past the table: tables of every word count near the sector boundaries (units 1 .. 80), with exact words
+    (dense keys) and cut words (keys over the full range, where ties are settled by representatives); every key
+    and the keys next to it are looked up."""
+    for n in list(range(1, 40)) + list(range(40, 1300, 37)):
+        for kind in ("dense", "uniform"):
+            keys = int64_keys(kind, n, gen)
+            q = torch.cat([keys, keys + 1, keys - 1, torch.tensor([-(2**63), 2**63 - 1])])
+            first, count, _ = Reference(keys, "int64").points(q)
+            index = CgRXIndex(keys.to(device), layout=layout, backend="radix")
+            check_lookup(index.lookup(q.to(device)), first, count)
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64])
 def test_aggregate(device, gen, dtype):
     keys = int64_keys("duplicates", 2000, gen)

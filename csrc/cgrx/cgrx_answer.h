@@ -34,13 +34,18 @@ template <typename Find>
 RTX_HD uint64_t pairs_lower_bound(const Pairs& p, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t k,
                                   Find&& find) {
   constexpr bool radix = std::is_same<std::decay_t<Find>, RadixSearch>::value;
-  if (m == 0 || k > p.key(p.n - 1)) return p.n;  // above the largest key: answered without a search
+  if (m == 0) return p.n;
+  const uint64_t last = p.key(p.n - 1);
   // The first pair >= k lies in [begin, begin + span): bucket 0 where k is at most the first representative.
   uint64_t begin = 0, span = p.bucket_size;
   if constexpr (radix) {
     const RadixTable t(table);
+    const uint64_t first = t.first();  // read next to the largest key, before either decides anything
+    if (k > last) return p.n;  // above the largest key: answered without a search
     span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
-    if (k > t.first()) begin = radix_unit_begin(p, t, span, k);
+    if (k > first) begin = radix_unit_begin(p, t, span, k);
+  } else if (k > last) {
+    return p.n;
   } else if (k > reps[0]) {
     const uint64_t b = find(k);
     if (b == kNoBucket || b >= m) return p.n;

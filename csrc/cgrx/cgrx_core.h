@@ -6,6 +6,10 @@
 
 #include <cstdint>
 
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+#include <emmintrin.h>
+#endif
+
 #include "../core/cache_hints.h"
 #include "../core/keys.h"
 
@@ -25,6 +29,8 @@ RTX_HD int64_t layout_words(Layout l, int64_t n) {  // int32 words the pairs tak
 
 // Read-only view of the sorted pairs, with the bucket size and search method.
 struct Pairs {
+  static constexpr uint32_t kLineKeys = 8;  // the most keys one 64-byte line holds (column layout)
+
   const uint32_t* data;
   uint64_t n;
   uint32_t layout;
@@ -57,6 +63,15 @@ struct Pairs {
 
   // First position in [begin, end) whose key is >= k; the pair at end - 1 is >= k (or end is n).
   RTX_HD uint64_t lower_bound_in(uint64_t begin, uint64_t end, uint64_t k) const {
+    // At most one 64-byte line of aligned rows or column keys (a radix unit, a small bucket): its keys are
+    // loaded together and counted, where a bisection waits for each probe in turn.
+    if (end - begin <= kLineKeys && layout != static_cast<uint32_t>(Layout::PackedRow)) {
+      uint64_t at = begin;
+#pragma unroll
+      for (uint32_t t = 0; t < kLineKeys; ++t)
+        if (begin + t < end) at += key(begin + t) < k;
+      return at;
+    }
     if (linear_search) {
       while (begin < end && key(begin) < k) ++begin;
       return begin;
@@ -192,6 +207,45 @@ RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, 
   return static_cast<uint32_t>(reps_lower_bound_in(reps, 0, m, first + (j << shift)));
 }
 
+// How many of a sector's bytes marked in `in_range` (one bit per byte) are below kw (lt) and at most kw (le):
+// a slice's words counted in registers (RadixTable::word_bounds). Per-byte compares of packed words on the GPU,
+// SSE2 on x86 hosts.
+RTX_HD void count_sector(const Sector& s, uint8_t kw, uint32_t in_range, uint32_t& lt, uint32_t& le) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t kw4 = uint32_t(kw) * 0x01010101u;
+  lt = le = 0;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    const uint32_t bits = (in_range >> (4 * w)) & 0xF;  // this word's four bytes, spread to 0xFF bytes
+    const uint32_t mask = ((bits & 1) * 0xFFu) | ((bits & 2) * 0x7F80u) | ((bits & 4) * 0x3FC000u) | ((bits & 8) * 0x1FE00000u);
+    lt += __popc(__vcmpltu4(s.word[w], kw4) & mask);
+    le += __popc(__vcmpleu4(s.word[w], kw4) & mask);
+  }
+  lt >>= 3;
+  le >>= 3;
+#elif defined(__SSE2__)
+  // Signed byte compares on values moved by 0x80 order like unsigned ones.
+  const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
+  const __m128i k = _mm_set1_epi8(static_cast<char>(kw ^ 0x80));
+  const __m128i a = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.word)), bias);
+  const __m128i b = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.word + 4)), bias);
+  const uint32_t below = uint32_t(_mm_movemask_epi8(_mm_cmplt_epi8(a, k))) |
+                         (uint32_t(_mm_movemask_epi8(_mm_cmplt_epi8(b, k))) << 16);
+  const uint32_t above = uint32_t(_mm_movemask_epi8(_mm_cmpgt_epi8(a, k))) |
+                         (uint32_t(_mm_movemask_epi8(_mm_cmpgt_epi8(b, k))) << 16);
+  lt = static_cast<uint32_t>(__builtin_popcount(below & in_range));
+  le = static_cast<uint32_t>(__builtin_popcount(~above & in_range));
+#else
+  lt = le = 0;
+  for (int i = 0; i < 32; ++i) {
+    if (!((in_range >> i) & 1)) continue;
+    const uint32_t v = (s.word[i / 4] >> (8 * (i % 4))) & 0xFF;
+    lt += v < kw;
+    le += v <= kw;
+  }
+#endif
+}
+
 // Read-only view of a built table.
 struct RadixTable {
   const int32_t* header;
@@ -213,18 +267,44 @@ struct RadixTable {
   RTX_HD static uint64_t slot_of(uint64_t k, uint64_t first, int shift) { return shift >= 64 ? 0 : (k - first) >> shift; }
   RTX_HD uint64_t slot(uint64_t k) const { return slot_of(k, first(), shift()); }
 
-  // The first unit whose representative is >= k, for first() < k <= the last representative; rep(c) reads
-  // unit c's representative (only for words equal to the key's).
-  // The first unit of slice j whose word is >= kw (the key's word): the answer, unless its word equals kw.
-  RTX_HD uint64_t first_word_at_least(uint64_t j, RadixWord kw) const {
+  // The units' count: the last entry.
+  RTX_HD uint64_t units() const { return load_resident(entries() + (uint64_t(1) << log2_slots())); }
+
+  // In slice j, the first unit whose word is >= kw (ge) and, with `need_gt`, the first whose word is > kw (gt).
+  // A slice's words lie side by side and in order, so both are counts: the words are read a 32-byte sector at a
+  // time and counted in registers (one load per sector where a binary search waits for a load per step). The
+  // search falls back to bisecting where a sector would reach past the table.
+  RTX_HD void word_bounds(uint64_t j, RadixWord kw, bool need_gt, uint64_t& ge, uint64_t& gt) const {
     const uint32_t* e = entries();
     const RadixWord* w = words();
-    uint64_t lo = load_resident(e + j), hi = load_resident(e + j + 1);
-    while (lo < hi) {
-      const uint64_t mid = (lo + hi) >> 1;
-      if (load_resident(w + mid) < kw) lo = mid + 1; else hi = mid;
+    uint64_t i = load_resident(e + j);
+    const uint64_t hi = load_resident(e + j + 1);
+    const RadixWord* valid_end = w + ((units() + 3) & ~uint64_t(3));  // the table's int32 words end here
+    ge = gt = i;
+    bool ge_done = false, gt_done = !need_gt;
+    while (i < hi) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(w + i);
+      const auto* sector = reinterpret_cast<const RadixWord*>(at & ~uintptr_t(31));
+      if (sector + 32 > valid_end) break;
+      const uint32_t off = static_cast<uint32_t>(at & 31);
+      const uint32_t len = hi - i < 32 - off ? static_cast<uint32_t>(hi - i) : 32 - off;
+      const uint32_t in_range = (len == 32 ? ~0u : (1u << len) - 1) << off;  // one bit per byte of the sector
+      uint32_t lt, le;
+      count_sector(load_resident_sector(sector), kw, in_range, lt, le);
+      if (!ge_done) ge = i + lt, ge_done = lt < len;
+      if (!gt_done) gt = i + le, gt_done = le < len;
+      if (ge_done && gt_done) return;
+      i += len;
     }
-    return lo;
+    if (!ge_done) ge = bisect(w, i, hi, [&](RadixWord v) { return v < kw; });
+    if (!gt_done) gt = bisect(w, ge > i ? ge : i, hi, [&](RadixWord v) { return v <= kw; });
+  }
+
+  // The first unit of slice j whose word is >= kw (the key's word): the answer, unless its word equals kw.
+  RTX_HD uint64_t first_word_at_least(uint64_t j, RadixWord kw) const {
+    uint64_t ge, gt;
+    word_bounds(j, kw, false, ge, gt);
+    return ge;
   }
   // The same for key k (first() < k): the unit lower_bound answers with, or the first it reads to decide.
   RTX_HD uint64_t candidate(uint64_t k) const {
@@ -233,24 +313,31 @@ struct RadixTable {
     return first_word_at_least(slot_of(k, f, s), radix_word(k, f, s));
   }
 
+  // The first unit whose representative is >= k, for first() < k <= the last representative; rep(c) reads
+  // unit c's representative (only for words equal to the key's).
   template <typename Rep>
   RTX_HD uint64_t lower_bound(uint64_t k, Rep&& rep) const {
     const int s = shift();
     const uint64_t f = first();
-    const uint64_t j = slot_of(k, f, s);
-    const uint32_t* e = entries();
-    const RadixWord* w = words();
-    const RadixWord kw = radix_word(k, f, s);
-    uint64_t lo = first_word_at_least(j, kw);
-    if (s <= kRadixWordBits) return lo;  // exact words: an equal word is an equal representative
-    uint64_t end = load_resident(e + j + 1);  // past the units whose word equals the key's
-    for (uint64_t a = lo; a < end;) {
-      const uint64_t mid = (a + end) >> 1;
-      if (load_resident(w + mid) <= kw) a = mid + 1; else end = mid;
-    }
-    while (lo < end) {  // among those, the first representative >= k
+    // Exact words (s <= kRadixWordBits): an equal word is an equal representative. Otherwise the units whose
+    // word equals the key's, [lo, end), are told apart by their representatives.
+    uint64_t lo, end;
+    word_bounds(slot_of(k, f, s), radix_word(k, f, s), s > kRadixWordBits, lo, end);
+    if (s <= kRadixWordBits) return lo;
+    while (lo < end) {
       const uint64_t mid = (lo + end) >> 1;
       if (rep(mid) < k) lo = mid + 1; else end = mid;
+    }
+    return lo;
+  }
+
+ private:
+  // The first position in [lo, hi) where pred(word) is false (pred holds on a prefix).
+  template <typename Pred>
+  RTX_HD static uint64_t bisect(const RadixWord* w, uint64_t lo, uint64_t hi, Pred&& pred) {
+    while (lo < hi) {
+      const uint64_t mid = (lo + hi) >> 1;
+      if (pred(load_resident(w + mid))) lo = mid + 1; else hi = mid;
     }
     return lo;
   }
