@@ -27,31 +27,42 @@ RTX_HD uint64_t radix_unit_begin(const Pairs& p, const RadixTable& t, uint64_t s
   return t.lower_bound(k, unit_rep) * span;
 }
 
-// The position of the first pair >= k among the sorted pairs (p.n where none): the search every lookup of the
-// read-only index starts with. `find(k)` returns the bucket of the first representative >= k (or kNoBucket), for
-// reps[0] < k <= reps[m-1]; or it is RadixSearch. `table` is the index's radix table (its flags serve every backend).
+// Where the first pair >= k lies among the sorted pairs: in [begin, end) (begin = end = p.n where no pair is): the
+// search every lookup of the read-only index starts with. `find(k)` returns the bucket of the first representative
+// >= k (or kNoBucket), for reps[0] < k <= reps[m-1]; or it is RadixSearch. `table` is the index's radix table (its
+// flags serve every backend).
 template <typename Find>
-RTX_HD uint64_t pairs_lower_bound(const Pairs& p, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t k,
-                                  Find&& find) {
+RTX_HD void pairs_candidates(const Pairs& p, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t k,
+                             Find&& find, uint64_t& begin, uint64_t& end) {
   constexpr bool radix = std::is_same<std::decay_t<Find>, RadixSearch>::value;
-  if (m == 0) return p.n;
+  begin = end = p.n;
+  if (m == 0) return;
   const uint64_t last = p.key(p.n - 1);
-  // The first pair >= k lies in [begin, begin + span): bucket 0 where k is at most the first representative.
-  uint64_t begin = 0, span = p.bucket_size;
+  // Bucket 0 where k is at most the first representative.
+  uint64_t at = 0, span = p.bucket_size;
   if constexpr (radix) {
     const RadixTable t(table);
     const uint64_t first = t.first();  // read next to the largest key, before either decides anything
-    if (k > last) return p.n;  // above the largest key: answered without a search
+    if (k > last) return;  // above the largest key: answered without a search
     span = radix_unit_pairs(static_cast<Layout>(p.layout), p.bucket_size);
-    if (k > first) begin = radix_unit_begin(p, t, span, k);
+    if (k > first) at = radix_unit_begin(p, t, span, k);
   } else if (k > last) {
-    return p.n;
+    return;
   } else if (k > reps[0]) {
     const uint64_t b = find(k);
-    if (b == kNoBucket || b >= m) return p.n;
-    begin = b * span;
+    if (b == kNoBucket || b >= m) return;
+    at = b * span;
   }
-  const uint64_t end = begin + span < p.n ? begin + span : p.n;
+  begin = at;
+  end = at + span < p.n ? at + span : p.n;
+}
+
+// The position of the first pair >= k (p.n where none).
+template <typename Find>
+RTX_HD uint64_t pairs_lower_bound(const Pairs& p, const uint64_t* reps, uint64_t m, const int32_t* table, uint64_t k,
+                                  Find&& find) {
+  uint64_t begin, end;
+  pairs_candidates(p, reps, m, table, k, find, begin, end);
   return p.lower_bound_in(begin, end, k);
 }
 
@@ -69,7 +80,24 @@ RTX_HD void visit_matches(const Storage& st, const uint64_t* reps, uint64_t m, c
     return;
   }
   const Pairs& p = st.pairs;
-  visit_from(p, pairs_lower_bound(p, reps, m, table, lo, find), hi, lo == hi && RadixTable(table).unique_keys(), visit);
+  uint64_t begin, end;
+  pairs_candidates(p, reps, m, table, lo, find, begin, end);
+  const bool first_only = lo == hi && RadixTable(table).unique_keys();
+#if defined(__CUDA_ARCH__)
+  if (first_only && p.is_line(begin, end)) {
+    // A point lookup over unique keys whose candidates are one line of aligned rows (a radix unit, a bucket of
+    // four): on the GPU the line's pairs are read at once, four 16-byte loads, and the answer comes from
+    // registers, where the search and the visit would issue six scattered loads (a CPU core gains nothing:
+    // benchmarks/results/). The candidates end at a key >= lo (their unit's or bucket's representative), so a
+    // match is in the line, and with unique keys there is one at most.
+    const Pairs::Line l = p.line(begin);
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      if (l.key[t] == lo) visit(l.row[t]);
+    return;
+  }
+#endif
+  visit_from(p, p.lower_bound_in(begin, end, lo), hi, first_only, visit);
 }
 
 // The number of pairs with keys in [lo, hi] from the positions of the range's two ends (at most two searches,

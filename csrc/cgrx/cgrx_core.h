@@ -51,6 +51,31 @@ struct Pairs {
       default: return data[2 * n + i];
     }
   }
+  // Pairs [begin, begin + 4) of aligned rows (one 64-byte line where the pairs are 16-byte aligned): keys and
+  // row IDs read together, 16 bytes a load, so a point lookup answers from registers.
+  struct Line {
+    uint64_t key[4];
+    uint32_t row[4];
+  };
+  RTX_HD bool is_line(uint64_t begin, uint64_t end) const {
+    return layout == static_cast<uint32_t>(Layout::AlignedRow) && end - begin == 4 &&
+           (reinterpret_cast<uintptr_t>(data) & 15) == 0;
+  }
+  RTX_HD Line line(uint64_t begin) const {
+    Line l;
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+#if defined(__CUDA_ARCH__)
+      const uint4 v = reinterpret_cast<const uint4*>(data)[begin + t];
+      l.key[t] = uint64_t(v.x) | (uint64_t(v.y) << 32);
+      l.row[t] = v.z;
+#else
+      l.key[t] = key(begin + t);
+      l.row[t] = row(begin + t);
+#endif
+    }
+    return l;
+  }
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
   // Where pair i's key and row ID lie (for prefetching).
   RTX_HD const uint32_t* key_address(uint64_t i) const {
@@ -270,15 +295,36 @@ struct RadixTable {
   // The units' count: the last entry.
   RTX_HD uint64_t units() const { return load_resident(entries() + (uint64_t(1) << log2_slots())); }
 
+  // Entries j and j + 1 (the units of slice j). On the GPU one 16-byte load where both lie in it (three slices in
+  // four): fewer scattered loads for the SM's load units to serve (on a CPU core two loads cost the same). The
+  // aligned block starts inside the table (the header is 24 bytes) and ends inside it: it reaches at most two
+  // int32 words past the last entry, into the words, which hold more than four units once 2^R > 1.
+  RTX_HD void entry_pair(uint64_t j, uint64_t& lo, uint64_t& hi) const {
+    const uint32_t* e = entries() + j;
+#if defined(__CUDA_ARCH__)
+    if (log2_slots() == 0) {
+#endif
+      lo = load_resident(e);
+      hi = load_resident(e + 1);
+      return;
+#if defined(__CUDA_ARCH__)
+    }
+    const uintptr_t at = reinterpret_cast<uintptr_t>(e);
+    const Quad q = load_resident_quad(reinterpret_cast<const uint32_t*>(at & ~uintptr_t(15)));
+    const uint32_t s = static_cast<uint32_t>(at >> 2) & 3;  // selects, not an indexed array (kept in registers)
+    lo = s == 0 ? q.word[0] : s == 1 ? q.word[1] : s == 2 ? q.word[2] : q.word[3];
+    hi = s == 0 ? q.word[1] : s == 1 ? q.word[2] : s == 2 ? q.word[3] : load_resident(e + 1);
+#endif
+  }
+
   // In slice j, the first unit whose word is >= kw (ge) and, with `need_gt`, the first whose word is > kw (gt).
   // A slice's words lie side by side and in order, so both are counts: the words are read a 32-byte sector at a
   // time and counted in registers (one load per sector where a binary search waits for a load per step). The
   // search falls back to bisecting where a sector would reach past the table.
   RTX_HD void word_bounds(uint64_t j, RadixWord kw, bool need_gt, uint64_t& ge, uint64_t& gt) const {
-    const uint32_t* e = entries();
     const RadixWord* w = words();
-    uint64_t i = load_resident(e + j);
-    const uint64_t hi = load_resident(e + j + 1);
+    uint64_t i, hi;
+    entry_pair(j, i, hi);
     const RadixWord* valid_end = w + ((units() + 3) & ~uint64_t(3));  // the table's int32 words end here
     ge = gt = i;
     bool ge_done = false, gt_done = !need_gt;

@@ -64,6 +64,24 @@ RTX_HD uint8_t load_resident(const uint8_t* p) {
 #endif
 }
 
+// 16 bytes from a 16-byte aligned address, kept like load_resident.
+struct Quad {
+  uint32_t word[4];
+};
+
+RTX_HD Quad load_resident_quad(const uint32_t* p) {
+  Quad q;
+#if defined(RTINDEX_CACHE_HINTS)
+  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
+      "ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], policy;\n\t}"
+      : "=r"(q.word[0]), "=r"(q.word[1]), "=r"(q.word[2]), "=r"(q.word[3])
+      : "l"(p));
+#else
+  memcpy(&q, p, sizeof(q));
+#endif
+  return q;
+}
+
 // 32 bytes (one sector) from a 32-byte aligned address, kept like load_resident: two 16-byte loads issued
 // together, where a search that reads the sector's bytes one by one waits for each.
 struct Sector {
