@@ -22,6 +22,7 @@
 #include "rx/rx_args.h"
 
 #if RTINDEX_WITH_CUDA
+#include "core/l2_residency.h"
 #include "optix/optix_runtime.h"
 #endif
 
@@ -33,6 +34,16 @@ std::vector<int64_t> optix_info(int64_t device) {
 #else
   (void)device;
   TORCH_CHECK(false, "torch_rtindex was built without CUDA, so OptiX is not available");
+#endif
+}
+
+int64_t reserve_l2(int64_t device, int64_t bytes) {
+#if RTINDEX_WITH_CUDA
+  return rtindex::l2_reserve(static_cast<int>(device), bytes);
+#else
+  (void)device;
+  (void)bytes;
+  TORCH_CHECK(false, "torch_rtindex was built without CUDA: there is no GPU L2 cache to reserve");
 #endif
 }
 
@@ -188,5 +199,7 @@ TORCH_LIBRARY(rtindex_internal, m) {
   m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
+  // The persisting-L2 set-aside of a CUDA device (bytes granted); radix lookups keep their table there.
+  m.def("reserve_l2(int device, int bytes) -> int", &reserve_l2);
   m.def("config_schema() -> str", &config_schema);
 }

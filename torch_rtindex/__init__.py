@@ -21,6 +21,7 @@ from .rx import RXIndex
 from .scene import SceneConfig
 from .embedding import IdToRow, MissingIdError
 from .join import join, join_capped, range_join, range_join_capped
+from .l2 import reserve_l2
 from . import _serialization  # noqa: F401,E402  (torch.load(f) of a saved index with weights_only=True)
 
 __version__ = "0.1.0"
@@ -50,4 +51,4 @@ def optix_info(device: int | torch.device | None = None) -> dict:
 
 __all__ = ["RXIndex", "CgRXIndex", "UpdatableCgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
 __all__ += ["IdToRow", "join", "range_join", "join_capped", "range_join_capped", "CappedMatches", "CappedPairs"]
-__all__ += ["UpdateResult", "MissingIdError", "ChunkedIndex"]
+__all__ += ["UpdateResult", "MissingIdError", "ChunkedIndex", "reserve_l2"]

@@ -42,7 +42,7 @@ CSRC = _find_csrc()
 # One unit per feature: a feature's CPU sources always build, its CUDA sources only in CUDA builds.
 _CPU_SOURCES = ["ops.cpp", "core/keys_cpu.cpp", "core/scene_cpu.cpp", "rx/rx_cpu.cpp", "cgrx/cgrx_cpu.cpp", "cgrx/cgrx_update_cpu.cpp",
                 "distributed/partition_cpu.cpp"]
-_CUDA_SOURCES = ["optix/optix_runtime.cpp", "optix/gas.cpp", "core/keys_cuda.cu", "rx/rx_cuda.cu", "cgrx/cgrx_cuda.cu", "cgrx/cgrx_update_cuda.cu",
+_CUDA_SOURCES = ["optix/optix_runtime.cpp", "optix/gas.cpp", "core/l2_residency.cpp", "core/keys_cuda.cu", "rx/rx_cuda.cu", "cgrx/cgrx_cuda.cu", "cgrx/cgrx_update_cuda.cu",
                  "distributed/partition_cuda.cu"]
 # OptiX device programs, compiled to OptiX-IR by nvcc and loaded by the runtime at first use.
 _OPTIX_PROGRAMS = {"rx": "rx/rx_programs.cu", "cgrx": "cgrx/cgrx_programs.cu"}

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "../core/cuda_utils.h"
+#include "../core/l2_residency.h"
 #include "../core/results_cuda.h"
 #include "../core/sort_cuda.cuh"
 #include "../optix/gas.h"
@@ -151,6 +152,7 @@ struct Launch {
   LaunchParams p{};
   at::Tensor scene_structure;
   int device;
+  size_t table_bytes;
 
   Launch(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table, const at::Tensor& scene_structure_,
          int64_t config, const at::Tensor& lo, const c10::optional<at::Tensor>& hi)
@@ -166,6 +168,7 @@ struct Launch {
     p.scene = a.scene;
     p.num_queries = static_cast<uint64_t>(lo.numel());
     device = lo.device().index();
+    table_bytes = static_cast<size_t>(table.nbytes());
     if (a.backend == Backend::OptiX && a.num_reps > 0) {
       gas::check_structure(scene_structure);
       check_same_device(scene_structure, pairs, "the scene", "the index");
@@ -182,10 +185,19 @@ struct Launch {
     if (positions || static_cast<Backend>(p.backend) != Backend::OptiX || p.num_reps == 0) {
       LaunchParams k = p;
       if (static_cast<Backend>(k.backend) == Backend::OptiX) k.backend = static_cast<uint32_t>(Backend::Radix);
+      cudaLaunchConfig_t launch{};
+      launch.gridDim = dim3(grid_for(static_cast<int64_t>(p.num_queries)));
+      launch.blockDim = dim3(kBlock);
+      launch.stream = current_stream();
+      // The radix table in L2's persisting set-aside, where the caller reserved one (torch_rtindex.reserve_l2).
+      cudaLaunchAttribute window;
+      if (static_cast<Backend>(k.backend) == Backend::Radix && l2_window(device, p.table, table_bytes, window)) {
+        launch.attrs = &window;
+        launch.numAttrs = 1;
+      }
       with_query_type(p.queries.key_type, [&](auto t) {
-        search_kernel<decltype(t)::value><<<grid_for(static_cast<int64_t>(p.num_queries)), kBlock, 0, current_stream()>>>(k);
+        C10_CUDA_CHECK(cudaLaunchKernelEx(&launch, search_kernel<decltype(t)::value>, k));
       });
-      RTX_CHECK_LAUNCH();
       return;
     }
     const optix::Pipeline& pipe = optix::pipeline(device, kCgrxPrograms);
