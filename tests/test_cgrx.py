@@ -148,9 +148,9 @@ def test_radix_lines_and_unique_keys(device, gen, layout, bucket_size, repeat, b
 
 
 @pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
-def test_radix_word_sectors_at_every_table_end(device, gen, layout):
-    """The radix search reads a slice's words a 32-byte sector at a time and bisects where a sector would reach
-    past the table: tables of every word count near the sector boundaries (units 1 .. 80), with exact words
+def test_radix_word_blocks_at_every_table_end(device, gen, layout):
+    """The radix search reads a slice's words a block (16 or 32 bytes) at a time and bisects where a block would reach
+    past the table: tables of every word count near the block boundaries (units 1 .. 80), with exact words
     (dense keys) and cut words (keys over the full range, where ties are settled by representatives); every key
     and the keys next to it are looked up."""
     for n in list(range(1, 40)) + list(range(40, 1300, 37)):

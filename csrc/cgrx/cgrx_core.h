@@ -232,19 +232,43 @@ RTX_HD uint32_t radix_entry(const uint64_t* reps, uint64_t m, int r, int shift, 
   return static_cast<uint32_t>(reps_lower_bound_in(reps, 0, m, first + (j << shift)));
 }
 
-// How many of a sector's bytes marked in `in_range` (one bit per byte) are below kw (lt) and at most kw (le):
-// a slice's words counted in registers (RadixTable::word_bounds). Per-byte compares of packed words on the GPU,
-// SSE2 on x86 hosts.
-RTX_HD void count_sector(const Sector& s, uint8_t kw, uint32_t in_range, uint32_t& lt, uint32_t& le) {
+// A slice's words are read a block at a time (RadixTable::word_bounds). A GPU lookup is bound by L2 requests
+// (benchmarks/results/): 16 bytes, one load, the answer's block in most slices. A CPU core turns the loop fewer
+// times with 32 bytes, two SSE compares.
+#if defined(__CUDA_ARCH__)
+constexpr uint32_t kWordBlock = 16;
+#else
+constexpr uint32_t kWordBlock = 32;
+#endif
+struct WordBlock {
+  uint32_t word[kWordBlock / 4];
+};
+
+// A block from a kWordBlock-aligned address, kept in L2 like load_resident.
+RTX_HD WordBlock load_word_block(const RadixWord* p) {
+  WordBlock b;
+#if defined(__CUDA_ARCH__)
+  const Quad q = load_resident_quad(reinterpret_cast<const uint32_t*>(p));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) b.word[i] = q.word[i];
+#else
+  memcpy(&b, p, sizeof(b));
+#endif
+  return b;
+}
+
+// How many of a block's bytes marked in `in_range` (one bit per byte) are below kw (lt) and at most kw (le):
+// per-byte compares of packed words on the GPU, SSE2 on x86 hosts.
+RTX_HD void count_words(const WordBlock& b, uint8_t kw, uint32_t in_range, uint32_t& lt, uint32_t& le) {
 #if defined(__CUDA_ARCH__)
   const uint32_t kw4 = uint32_t(kw) * 0x01010101u;
   lt = le = 0;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) {
+  for (int w = 0; w < 4; ++w) {
     const uint32_t bits = (in_range >> (4 * w)) & 0xF;  // this word's four bytes, spread to 0xFF bytes
     const uint32_t mask = ((bits & 1) * 0xFFu) | ((bits & 2) * 0x7F80u) | ((bits & 4) * 0x3FC000u) | ((bits & 8) * 0x1FE00000u);
-    lt += __popc(__vcmpltu4(s.word[w], kw4) & mask);
-    le += __popc(__vcmpleu4(s.word[w], kw4) & mask);
+    lt += __popc(__vcmpltu4(b.word[w], kw4) & mask);
+    le += __popc(__vcmpleu4(b.word[w], kw4) & mask);
   }
   lt >>= 3;
   le >>= 3;
@@ -252,19 +276,19 @@ RTX_HD void count_sector(const Sector& s, uint8_t kw, uint32_t in_range, uint32_
   // Signed byte compares on values moved by 0x80 order like unsigned ones.
   const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
   const __m128i k = _mm_set1_epi8(static_cast<char>(kw ^ 0x80));
-  const __m128i a = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.word)), bias);
-  const __m128i b = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s.word + 4)), bias);
-  const uint32_t below = uint32_t(_mm_movemask_epi8(_mm_cmplt_epi8(a, k))) |
-                         (uint32_t(_mm_movemask_epi8(_mm_cmplt_epi8(b, k))) << 16);
-  const uint32_t above = uint32_t(_mm_movemask_epi8(_mm_cmpgt_epi8(a, k))) |
-                         (uint32_t(_mm_movemask_epi8(_mm_cmpgt_epi8(b, k))) << 16);
+  uint32_t below = 0, above = 0;
+  for (uint32_t h = 0; h < kWordBlock / 16; ++h) {
+    const __m128i v = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b.word + 4 * h)), bias);
+    below |= static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmplt_epi8(v, k))) << (16 * h);
+    above |= static_cast<uint32_t>(_mm_movemask_epi8(_mm_cmpgt_epi8(v, k))) << (16 * h);
+  }
   lt = static_cast<uint32_t>(__builtin_popcount(below & in_range));
   le = static_cast<uint32_t>(__builtin_popcount(~above & in_range));
 #else
   lt = le = 0;
-  for (int i = 0; i < 32; ++i) {
+  for (uint32_t i = 0; i < kWordBlock; ++i) {
     if (!((in_range >> i) & 1)) continue;
-    const uint32_t v = (s.word[i / 4] >> (8 * (i % 4))) & 0xFF;
+    const uint32_t v = (b.word[i / 4] >> (8 * (i % 4))) & 0xFF;
     lt += v < kw;
     le += v <= kw;
   }
@@ -318,9 +342,10 @@ struct RadixTable {
   }
 
   // In slice j, the first unit whose word is >= kw (ge) and, with `need_gt`, the first whose word is > kw (gt).
-  // A slice's words lie side by side and in order, so both are counts: the words are read a 32-byte sector at a
-  // time and counted in registers (one load per sector where a binary search waits for a load per step). The
-  // search falls back to bisecting where a sector would reach past the table.
+  // A slice's words lie side by side and in order, so both are counts: the words are read a block at a time
+  // (kWordBlock) and counted in registers, a load per block where a binary search waits for a load per step,
+  // stopping at the block that holds the answers. The search falls back to bisecting where a block would reach
+  // past the table.
   RTX_HD void word_bounds(uint64_t j, RadixWord kw, bool need_gt, uint64_t& ge, uint64_t& gt) const {
     const RadixWord* w = words();
     uint64_t i, hi;
@@ -330,13 +355,13 @@ struct RadixTable {
     bool ge_done = false, gt_done = !need_gt;
     while (i < hi) {
       const uintptr_t at = reinterpret_cast<uintptr_t>(w + i);
-      const auto* sector = reinterpret_cast<const RadixWord*>(at & ~uintptr_t(31));
-      if (sector + 32 > valid_end) break;
-      const uint32_t off = static_cast<uint32_t>(at & 31);
-      const uint32_t len = hi - i < 32 - off ? static_cast<uint32_t>(hi - i) : 32 - off;
-      const uint32_t in_range = (len == 32 ? ~0u : (1u << len) - 1) << off;  // one bit per byte of the sector
+      const auto* block = reinterpret_cast<const RadixWord*>(at & ~uintptr_t(kWordBlock - 1));
+      if (block + kWordBlock > valid_end) break;
+      const uint32_t off = static_cast<uint32_t>(at & (kWordBlock - 1));
+      const uint32_t len = hi - i < kWordBlock - off ? static_cast<uint32_t>(hi - i) : kWordBlock - off;
+      const uint32_t in_range = (len == 32 ? ~0u : (1u << len) - 1) << off;  // one bit per byte of the block
       uint32_t lt, le;
-      count_sector(load_resident_sector(sector), kw, in_range, lt, le);
+      count_words(load_word_block(block), kw, in_range, lt, le);
       if (!ge_done) ge = i + lt, ge_done = lt < len;
       if (!gt_done) gt = i + le, gt_done = le < len;
       if (ge_done && gt_done) return;

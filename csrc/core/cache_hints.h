@@ -82,25 +82,4 @@ RTX_HD Quad load_resident_quad(const uint32_t* p) {
   return q;
 }
 
-// 32 bytes (one sector) from a 32-byte aligned address, kept like load_resident: two 16-byte loads issued
-// together, where a search that reads the sector's bytes one by one waits for each.
-struct Sector {
-  uint32_t word[8];
-};
-
-RTX_HD Sector load_resident_sector(const uint8_t* p) {
-  Sector s;
-#if defined(RTINDEX_CACHE_HINTS)
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-      "ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%8], policy;\n\t"
-      "ld.global.nc.L2::cache_hint.v4.u32 {%4, %5, %6, %7}, [%8+16], policy;\n\t}"
-      : "=r"(s.word[0]), "=r"(s.word[1]), "=r"(s.word[2]), "=r"(s.word[3]), "=r"(s.word[4]), "=r"(s.word[5]),
-        "=r"(s.word[6]), "=r"(s.word[7])
-      : "l"(p));
-#else
-  memcpy(&s, p, sizeof(s));
-#endif
-  return s;
-}
-
 }  // namespace rtindex
