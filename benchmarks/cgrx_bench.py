@@ -28,6 +28,8 @@ def main() -> None:
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
+    ap.add_argument("--reserve-l2", action="store_true",
+                    help="measure the cgRX runs with the device's L2 set-aside for their radix tables (torch_rtindex.reserve_l2)")
     ap.add_argument("--layout", default="auto", help="layout of the main runs (every backend and bucket size; auto: "
                     "what the index picks for the backend)")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
@@ -81,6 +83,9 @@ def main() -> None:
         result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
         del ht
 
+    if args.reserve_l2 and cuda:
+        result["l2_reserved_bytes"] = torch_rtindex.reserve_l2()
+        print(f"L2 set aside for the radix tables: {result['l2_reserved_bytes'] / 2**20:.1f} MiB")
     configs = [(backend, b, args.layout, "binary") for backend in args.backends.split(",")
                for b in [int(x) for x in args.bucket_sizes.split(",")]]
     configs += [("radix", 16, *v.split("/")) for v in args.variants.split(",") if v]
