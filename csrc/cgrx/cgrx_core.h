@@ -51,8 +51,9 @@ struct Pairs {
       default: return data[2 * n + i];
     }
   }
+#if defined(__CUDACC__)
   // Pairs [begin, begin + 4) of aligned rows (one 64-byte line where the pairs are 16-byte aligned): keys and
-  // row IDs read together, 16 bytes a load, so a point lookup answers from registers.
+  // row IDs read together, 16 bytes a load, so a point lookup on the GPU answers from registers (visit_matches).
   struct Line {
     uint64_t key[4];
     uint32_t row[4];
@@ -65,17 +66,13 @@ struct Pairs {
     Line l;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-#if defined(__CUDA_ARCH__)
       const uint4 v = reinterpret_cast<const uint4*>(data)[begin + t];
       l.key[t] = uint64_t(v.x) | (uint64_t(v.y) << 32);
       l.row[t] = v.z;
-#else
-      l.key[t] = key(begin + t);
-      l.row[t] = row(begin + t);
-#endif
     }
     return l;
   }
+#endif
   RTX_HD uint64_t num_buckets() const { return (n + bucket_size - 1) / bucket_size; }
   // Where pair i's key and row ID lie (for prefetching).
   RTX_HD const uint32_t* key_address(uint64_t i) const {
