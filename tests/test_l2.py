@@ -54,3 +54,31 @@ def test_lookups_with_the_table_in_l2(gen, layout):
     finally:
         assert reserve_l2(0) == 0
     check_lookup(index.lookup(q.cuda()), first, count)
+
+
+@cuda
+def test_a_lookup_with_the_table_in_l2_replays_from_a_cuda_graph(gen):
+    """The launch attribute is captured with the kernel: a graph captured under a set-aside replays new queries
+    with the reference's answers."""
+    keys = int64_keys("uniform", 50000, gen)
+    index = CgRXIndex(keys.cuda(), backend="radix")
+    q = point_queries(keys, 4096, gen).cuda()
+    try:
+        reserve_l2(index.memory()["radix_table"])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            index.lookup(q)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = index.lookup(q)
+        for _ in range(2):
+            new_q = point_queries(keys, 4096, gen)
+            q.copy_(new_q)
+            graph.replay()
+            torch.cuda.synchronize()
+            first, count, _ = Reference(keys, "int64").points(new_q)
+            check_lookup(captured, first, count)
+    finally:
+        reserve_l2(0)
