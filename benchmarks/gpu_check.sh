@@ -10,7 +10,8 @@
 #                                           # default bucket size, the hash table, the sorted array, range lookups
 #                                           # and range counts of 4 / 64 / 1024 hits (a few minutes)
 #   bash benchmarks/gpu_check.sh floor      # the random-read floor of a point lookup (1 / 2 / 4 sectors) next to
-#                                           # cgRX radix and the hash table, 2^24 and 2^26 keys, 2^27 lookups
+#                                           # cgRX radix (also with its table in the L2 set-aside) and the hash
+#                                           # table, 2^24 and 2^26 keys, 2^27 lookups
 #   bash benchmarks/gpu_check.sh chunked    # out of core: 2^30 keys, every serving mode
 #   bash benchmarks/gpu_check.sh chunked31  # out of core on an H200: 2^31 keys (its host holds them, the in-core
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
