@@ -18,7 +18,7 @@ from keysets import ROW, int64_keys, point_queries, range_queries
 from reference import Reference, check_lookup, check_matches
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from torch_rtindex import CgRXIndex, IdToRow, Lookup, Matches, RXIndex, UpdatableCgRXIndex, join_capped
+from torch_rtindex import CgRXIndex, IdToRow, Matches, RXIndex, UpdatableCgRXIndex, join_capped
 
 def rtindex_ops_in(graphs) -> set[str]:
     """The rtindex operators called in Dynamo's captured FX graphs."""
