@@ -326,19 +326,17 @@ struct RadixTable {
   RTX_HD void entry_pair(uint64_t j, uint64_t& lo, uint64_t& hi) const {
     const uint32_t* e = entries() + j;
 #if defined(__CUDA_ARCH__)
-    if (log2_slots() == 0) {
-#endif
-      lo = load_resident(e);
-      hi = load_resident(e + 1);
+    if (log2_slots() > 0) {
+      const uintptr_t at = reinterpret_cast<uintptr_t>(e);
+      const Quad q = load_resident_quad(reinterpret_cast<const uint32_t*>(at & ~uintptr_t(15)));
+      const uint32_t s = static_cast<uint32_t>(at >> 2) & 3;  // selects, not an indexed array (kept in registers)
+      lo = s == 0 ? q.word[0] : s == 1 ? q.word[1] : s == 2 ? q.word[2] : q.word[3];
+      hi = s == 0 ? q.word[1] : s == 1 ? q.word[2] : s == 2 ? q.word[3] : load_resident(e + 1);
       return;
-#if defined(__CUDA_ARCH__)
     }
-    const uintptr_t at = reinterpret_cast<uintptr_t>(e);
-    const Quad q = load_resident_quad(reinterpret_cast<const uint32_t*>(at & ~uintptr_t(15)));
-    const uint32_t s = static_cast<uint32_t>(at >> 2) & 3;  // selects, not an indexed array (kept in registers)
-    lo = s == 0 ? q.word[0] : s == 1 ? q.word[1] : s == 2 ? q.word[2] : q.word[3];
-    hi = s == 0 ? q.word[1] : s == 1 ? q.word[2] : s == 2 ? q.word[3] : load_resident(e + 1);
 #endif
+    lo = load_resident(e);
+    hi = load_resident(e + 1);
   }
 
   // In slice j, the first unit whose word is >= kw (ge) and, with `need_gt`, the first whose word is > kw (gt).

@@ -38,11 +38,6 @@ int64_t l2_reserve(int device, int64_t bytes) {
   return static_cast<int64_t>(granted);
 }
 
-int64_t l2_reserved(int device) {
-  check_device(device);
-  return g_reserved[device].load(std::memory_order_relaxed);
-}
-
 bool l2_window(int device, const void* base, size_t bytes, cudaLaunchAttribute& attribute) {
   if (device < 0 || device >= kMaxDevices) return false;
   const int64_t reserved = g_reserved[device].load(std::memory_order_relaxed);

@@ -16,9 +16,6 @@ namespace rtindex {
 // the bytes granted. Device-wide, as CUDA's limit is.
 int64_t l2_reserve(int device, int64_t bytes);
 
-// The set-aside this process gave `device` through l2_reserve (0 when none).
-int64_t l2_reserved(int device);
-
 // A launch attribute marking [base, base + bytes) persisting in L2, for a kernel on `device`; false where no
 // set-aside is reserved there (the launch then goes out without it).
 bool l2_window(int device, const void* base, size_t bytes, cudaLaunchAttribute& attribute);
