@@ -120,6 +120,8 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
                     ix.lookup(q)
                 torch.cuda.synchronize()
             print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=6), flush=True)
+            # The host's side: what one call spends in the operator, its allocations and the launch.
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10), flush=True)
     q = keys[:1 << log_queries[0]].clone()
     compiled = torch.compile(lambda x: ix.lookup(x), dynamic=False)
     for title, fn in (("eager", lambda: ix.lookup(q)), ("compiled", lambda: compiled(q))):

@@ -247,3 +247,29 @@ def test_range_count_at_the_edges_of_the_key_range(device, gen, backend):
     np.testing.assert_array_equal(index.range_lookup(lo.to(device), hi.to(device)).count.cpu().numpy(), want)
     empty = CgRXIndex(keys[:0].to(device), **backend)
     assert empty.range_count(lo.to(device), hi.to(device)).sum().item() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_radix_lookups_over_a_large_table():
+    """2^26 keys: a radix table of 2^20 slices, where GPU lookups guess a slice's word block before scanning
+    (RadixTable::word_bounds). Points and range counts against torch.searchsorted over the stably sorted keys."""
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    n = 1 << 26
+    keys = torch.randint(-(2**63), 2**63 - 1, (n,), generator=gen, device="cuda")
+    keys[: 1 << 16] = keys[1 << 16 : 1 << 17]  # duplicates
+    keys[-2:] = torch.tensor([-(2**63), 2**63 - 1], device="cuda")
+    index = CgRXIndex(keys, backend="radix")
+    assert index.memory()["radix_table"] > 20 << 20  # 2^20 slices and more: the guessing path
+    sorted_keys, order = torch.sort(keys, stable=True)
+    hits = keys[torch.randint(0, n, (1 << 21,), generator=gen, device="cuda")]
+    misses = torch.randint(-(2**63), 2**63 - 1, (1 << 21,), generator=gen, device="cuda")
+    q = torch.cat([hits, misses, torch.tensor([-(2**63), 2**63 - 1, 0, -1], device="cuda")])
+    left = torch.searchsorted(sorted_keys, q)
+    count = torch.searchsorted(sorted_keys, q, right=True) - left
+    first = torch.where(count > 0, order[left.clamp(max=n - 1)], -1)
+    got = index.lookup(q)
+    assert torch.equal(got.count, count) and torch.equal(got.first_row, first)
+    width = torch.randint(0, 2**50, q.shape, generator=gen, device="cuda")
+    hi = torch.where(q > 2**63 - 1 - width, 2**63 - 1, q + width)
+    want = torch.searchsorted(sorted_keys, hi, right=True) - left
+    assert torch.equal(index.range_count(q, hi), want)

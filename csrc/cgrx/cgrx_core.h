@@ -181,6 +181,10 @@ inline int radix_log2_slots(uint64_t units) {
   return r;
 }
 
+// From 2^20 slices on (a table of about 20 MiB and more), GPU lookups guess a slice's word block
+// (RadixTable::word_bounds).
+constexpr int kRadixGuessLog2Slots = 20;
+
 // The units' words: the offset's top bits, as many as fit.
 using RadixWord = uint8_t;
 constexpr int kRadixWordBits = 8;
@@ -342,21 +346,49 @@ struct RadixTable {
   // In slice j, the first unit whose word is >= kw (ge) and, with `need_gt`, the first whose word is > kw (gt).
   // A slice's words lie side by side and in order, so both are counts: the words are read a block at a time
   // (kWordBlock) and counted in registers, a load per block where a binary search waits for a load per step,
-  // stopping at the block that holds the answers. The search falls back to bisecting where a block would reach
-  // past the table.
+  // stopping at the block that holds the answers. Beyond the first kScanWords words (a wide slice: skewed keys),
+  // or where a block would reach past the table, the rest is bisected: a slice costs at most log2 of its width.
+  // (A bound on words, not a count of blocks: a counter in the loop slowed uniform lookups, benchmarks/results/.)
   RTX_HD void word_bounds(uint64_t j, RadixWord kw, bool need_gt, uint64_t& ge, uint64_t& gt) const {
+    constexpr uint64_t kScanWords = 4 * kWordBlock;  // a slice holds about 16 words, rarely more than 48 (uniform keys)
     const RadixWord* w = words();
     uint64_t i, hi;
     entry_pair(j, i, hi);
     const RadixWord* valid_end = w + ((units() + 3) & ~uint64_t(3));  // the table's int32 words end here
+    const uint64_t scan_end = hi - i < kScanWords ? hi : i + kScanWords;
     ge = gt = i;
     bool ge_done = false, gt_done = !need_gt;
-    while (i < hi) {
+#if defined(__CUDA_ARCH__)
+    // A large table shares L2 with the pairs' lines, and a lookup's time follows its L2 requests: there the first
+    // block read is the one where the key's word would sit if the slice's words were spread evenly over its
+    // offsets (uniform keys nearly are), so one load answers most lookups also where a slice spans two blocks.
+    // Where its first word is below kw, so are all before it. A small table stays in L2 and the guess's
+    // arithmetic costs more than it saves (benchmarks/results/).
+    if (log2_slots() >= kRadixGuessLog2Slots) {
+      const uint64_t guess = i + (((hi - i) * kw) >> kRadixWordBits);
+      const uintptr_t at = reinterpret_cast<uintptr_t>(w + guess);
+      const uint32_t off = static_cast<uint32_t>(at & (kWordBlock - 1));
+      const auto* block = reinterpret_cast<const RadixWord*>(at - off);
+      if (guess - i > off && block + kWordBlock <= valid_end) {
+        const uint64_t start = guess - off;
+        const uint32_t len = hi - start < kWordBlock ? static_cast<uint32_t>(hi - start) : kWordBlock;
+        uint32_t lt, le;
+        count_words(load_word_block(block), kw, (1u << len) - 1, lt, le);
+        if (lt > 0) {
+          ge = start + lt, ge_done = lt < len;
+          if (!gt_done) gt = start + le, gt_done = le < len;
+          if (ge_done && gt_done) return;
+          i = start + len;
+        }
+      }
+    }
+#endif
+    while (i < scan_end) {
       const uintptr_t at = reinterpret_cast<uintptr_t>(w + i);
       const auto* block = reinterpret_cast<const RadixWord*>(at & ~uintptr_t(kWordBlock - 1));
       if (block + kWordBlock > valid_end) break;
       const uint32_t off = static_cast<uint32_t>(at & (kWordBlock - 1));
-      const uint32_t len = hi - i < kWordBlock - off ? static_cast<uint32_t>(hi - i) : kWordBlock - off;
+      const uint32_t len = scan_end - i < kWordBlock - off ? static_cast<uint32_t>(scan_end - i) : kWordBlock - off;
       const uint32_t in_range = (len == 32 ? ~0u : (1u << len) - 1) << off;  // one bit per byte of the block
       uint32_t lt, le;
       count_words(load_word_block(block), kw, in_range, lt, le);
