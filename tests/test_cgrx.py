@@ -193,6 +193,33 @@ def test_fuzz_backends_agree(device, seed):
         check_lookup(index.range_lookup(lo.to(device), hi.to(device)), r_first, r_count)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_radix_wide_slices_fuzz(device, seed):
+    """Skewed keys: dense clusters of different spacings at random places, duplicates and the 64-bit edges, so
+    that some slices of the radix table hold most units. A wide slice's words are scanned a few blocks, then
+    bisected (RadixTable::word_bounds), for the first word >= and > the key's."""
+    gen = torch.Generator().manual_seed(500 + seed)
+    parts = [torch.tensor([-(2**63), 2**63 - 1, 0, -1])]
+    for _ in range(int(torch.randint(1, 5, (1,), generator=gen))):
+        size = int(torch.randint(1, 4000, (1,), generator=gen))
+        step = 1 << int(torch.randint(0, 40, (1,), generator=gen))
+        start = int(torch.randint(-(2**62), 2**62, (1,), generator=gen))
+        parts.append(start + step * torch.arange(size, dtype=torch.int64))
+    parts.append(torch.randint(-(2**63), 2**63 - 1, (int(torch.randint(0, 50, (1,), generator=gen)),), generator=gen))
+    keys = torch.cat(parts)
+    keys = torch.cat([keys, keys[torch.randint(0, keys.numel(), (keys.numel() // 10,), generator=gen)]])
+    keys = keys[torch.randperm(keys.numel(), generator=gen)]
+    ref = Reference(keys, "int64")
+    q = point_queries(keys, 2000, gen)
+    lo, hi = range_queries(keys, 500, gen, 1 << int(torch.randint(0, 44, (1,), generator=gen)))
+    p_first, p_count, _ = ref.points(q)
+    r_first, r_count, _ = ref.ranges(lo, hi)
+    for bucket_size in (1, 4, int(torch.randint(5, 300, (1,), generator=gen))):
+        index = CgRXIndex(keys.to(device), backend="radix", bucket_size=bucket_size)
+        check_lookup(index.lookup(q.to(device)), p_first, p_count)
+        check_lookup(index.range_lookup(lo.to(device), hi.to(device)), r_first, r_count)
+        np.testing.assert_array_equal(index.range_count(lo.to(device), hi.to(device)).cpu().numpy(), r_count)
+
 def test_bad_arguments(device):
     keys = torch.tensor([1, 2, 3], device=device)
     with pytest.raises(ValueError, match="bucket_size"):
