@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--log-keys", type=int, default=26)
     ap.add_argument("--log-lookups", type=int, default=27)
     ap.add_argument("--log-range-lookups", type=int, default=24)
-    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
+    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense", "clustered"])
     ap.add_argument("--bucket-sizes", default="4,16,64,256")
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")

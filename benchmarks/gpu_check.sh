@@ -9,6 +9,8 @@
 #   bash benchmarks/gpu_check.sh cgrx       # 2^26 keys, 2^27 lookups: the radix and binary-search backends at the
 #                                           # default bucket size, the hash table, the sorted array, range lookups
 #                                           # and range counts of 4 / 64 / 1024 hits (a few minutes)
+#   bash benchmarks/gpu_check.sh skew       # the cgRX grid's radix and binary-search rows over clustered keys (a dense
+#                                           # run plus a sparse tail: one wide slice of the radix table)
 #   bash benchmarks/gpu_check.sh floor      # the random-read floor of a point lookup (1 / 2 / 4 sectors) next to
 #                                           # cgRX radix (also with its table in the L2 set-aside) and the hash
 #                                           # table, 2^24 and 2^26 keys, 2^27 lookups
@@ -70,6 +72,11 @@ case "${1:-}" in
       python3 benchmarks/cgrx_bench.py --hash-table --range-hits 4,64,1024 --backends radix,binary_search --bucket-sizes 16
       echo "rc=$?"; } 2>&1 | log "cgrx_bench_$commit.log"
     ;;
+  skew)
+    { header "cgRX grid, clustered keys"
+      python3 benchmarks/cgrx_bench.py --dist clustered --hash-table --range-hits 4,64 --backends radix,binary_search --bucket-sizes 16
+      echo "rc=$?"; } 2>&1 | log "cgrx_bench_clustered_$commit.log"
+    ;;
   floor)
     { header "random-read floor"
       for k in 24 26; do python3 benchmarks/gather_floor.py --log-keys "$k" --out "$out"; done
@@ -107,7 +114,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|floor|chunked|chunked31|updates|sharded" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|updates|sharded" >&2
     exit 2
     ;;
 esac

@@ -71,6 +71,10 @@ def make_keys(dist: str, n: int, gen: torch.Generator, device) -> torch.Tensor:
         return torch.randint(0, 2**32, (n,), generator=gen, device=device, dtype=torch.int64)
     if dist == "dense":
         return torch.randperm(n, generator=gen, device=device).to(torch.int64)
+    if dist == "clustered":  # a dense run of 7/8 of the keys plus a sparse tail: one wide slice of cgRX's radix table
+        sparse = torch.randint(-(2**63), 2**63 - 1, (n // 8,), generator=gen, device=device, dtype=torch.int64)
+        keys = torch.cat([torch.arange(n - n // 8, device=device, dtype=torch.int64), sparse])
+        return keys[torch.randperm(n, generator=gen, device=device)]
     raise ValueError(dist)
 
 
@@ -155,7 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--log-keys", type=int, default=26)
     ap.add_argument("--log-lookups", type=int, default=27)
-    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense"])
+    ap.add_argument("--dist", default="uniform64", choices=["uniform64", "uniform32", "dense", "clustered"])
     ap.add_argument("--range-hits", type=int, default=4, help="range width on dense keys (hits per range)")
     ap.add_argument("--log-range-lookups", type=int, default=24)
     ap.add_argument("--out", default=None)
