@@ -401,17 +401,14 @@ struct RadixTable {
     if (!gt_done) gt = bisect(w, ge > i ? ge : i, hi, [&](RadixWord v) { return v <= kw; });
   }
 
-  // The first unit of slice j whose word is >= kw (the key's word): the answer, unless its word equals kw.
-  RTX_HD uint64_t first_word_at_least(uint64_t j, RadixWord kw) const {
-    uint64_t ge, gt;
-    word_bounds(j, kw, false, ge, gt);
-    return ge;
-  }
-  // The same for key k (first() < k): the unit lower_bound answers with, or the first it reads to decide.
+  // For key k (first() < k), the first unit of its slice whose word is >= the key's: the unit lower_bound
+  // answers with, or the first it reads to decide.
   RTX_HD uint64_t candidate(uint64_t k) const {
     const int s = shift();
     const uint64_t f = first();
-    return first_word_at_least(slot_of(k, f, s), radix_word(k, f, s));
+    uint64_t ge, gt;
+    word_bounds(slot_of(k, f, s), radix_word(k, f, s), false, ge, gt);
+    return ge;
   }
 
   // The first unit whose representative is >= k, for first() < k <= the last representative; rep(c) reads
