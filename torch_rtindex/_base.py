@@ -171,9 +171,13 @@ class IndexBase:
 
     def _direct_lookup_form(self):
         """The point-lookup operator when a well-formed batch needs nothing but the operator call (no query
-        sort at any size, no capture refusal to make), else None: lookup() then skips _call's decisions."""
+        sort at any size, no capture refusal to make), else None: lookup() then skips _call's decisions.
+        Also binds the eager form of that call (:attr:`_bound`)."""
         if self._sort_from != float("inf") or (self._cuda and self._capture_blocked):
+            self._bound = None
             return None
+        self._bound = _extension.bound_lookups(self._op_family(), self._lead, self._cfg, self.key_dtype, self.device,
+                                               Lookup)
         return self._forms["lookup"]
 
     def _capture_refusal(self) -> str | None:
@@ -370,6 +374,17 @@ class IndexBase:
         # the explaining checks only when it refused. The dtype and device stay checked here: the kernels also take
         # int64 storage for a uint64 index's queries, which the Python API refuses, and queries on another device
         # would reach that device's kernel (a meta batch, the meta kernel) instead. lookup_rows does the same.
+        # Eager calls of a plain batch go through the bound call (csrc/bound_lookups.cpp), which hands any other
+        # batch back (None), and calls under a __torch_function__ mode too. torch.compile traces the operator.
+        bound = self._bound
+        if bound is not None and type(queries) is torch.Tensor and not torch.compiler.is_compiling():
+            try:
+                out = bound.lookup(queries)
+            except RuntimeError:
+                self._check_queries(queries, None)
+                raise
+            if out is not None:
+                return out
         direct = self._direct_lookup
         if (direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype
                 and queries.device == self.device):
@@ -389,6 +404,15 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
             miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
         """
+        bound = self._bound
+        if bound is not None and type(miss_row) is int and type(queries) is torch.Tensor and not torch.compiler.is_compiling():
+            try:
+                out = bound.lookup_rows(queries, miss_row)
+            except RuntimeError:
+                self._check_queries(queries, None)
+                raise
+            if out is not None:
+                return out
         if (self._direct_lookup is not None and type(miss_row) is int and type(queries) is torch.Tensor
                 and queries.dtype is self.key_dtype and queries.device == self.device):
             try:

@@ -40,7 +40,7 @@ def _find_csrc() -> Path:
 CSRC = _find_csrc()
 
 # One unit per feature: a feature's CPU sources always build, its CUDA sources only in CUDA builds.
-_CPU_SOURCES = ["ops.cpp", "core/keys_cpu.cpp", "core/scene_cpu.cpp", "rx/rx_cpu.cpp", "cgrx/cgrx_cpu.cpp", "cgrx/cgrx_update_cpu.cpp",
+_CPU_SOURCES = ["ops.cpp", "bound_lookups.cpp", "core/keys_cpu.cpp", "core/scene_cpu.cpp", "rx/rx_cpu.cpp", "cgrx/cgrx_cpu.cpp", "cgrx/cgrx_update_cpu.cpp",
                 "distributed/partition_cpu.cpp"]
 _CUDA_SOURCES = ["optix/optix_runtime.cpp", "optix/gas.cpp", "core/l2_residency.cpp", "core/keys_cuda.cu", "rx/rx_cuda.cu", "cgrx/cgrx_cuda.cu", "cgrx/cgrx_update_cuda.cu",
                  "distributed/partition_cuda.cu"]
@@ -48,6 +48,7 @@ _CUDA_SOURCES = ["optix/optix_runtime.cpp", "optix/gas.cpp", "core/l2_residency.
 _OPTIX_PROGRAMS = {"rx": "rx/rx_programs.cu", "cgrx": "cgrx/cgrx_programs.cu"}
 
 _loaded: dict | None = None
+_module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
 
 
 def cuda_build_enabled() -> bool:
@@ -180,7 +181,7 @@ def _compile_optix_programs(build_dir: Path) -> dict[str, Path]:
 
 def load() -> dict:
     """Builds (if needed) and loads the extension; returns what was built. Idempotent."""
-    global _loaded
+    global _loaded, _module
     if _loaded is not None:
         return _loaded
     from torch.utils import cpp_extension
@@ -216,7 +217,7 @@ def load() -> dict:
         if cxx:
             os.environ["CXX"] = cxx
         try:
-            cpp_extension.load(
+            module = cpp_extension.load(
                 name=f"torch_rtindex_{tag}",
                 sources=[str(CSRC / s) for s in sources],
                 extra_cflags=cflags,
@@ -224,7 +225,7 @@ def load() -> dict:
                 extra_ldflags=ldflags,
                 extra_include_paths=[str(CSRC)],
                 build_directory=str(build_dir),
-                is_python_module=False,
+                is_python_module=True,
                 verbose=os.environ.get("TORCH_RTINDEX_VERBOSE_BUILD", "") not in ("", "0"),
             )
         finally:
@@ -252,5 +253,14 @@ def load() -> dict:
             _say(f"extension ready ({time.time() - start:.0f} s)")
     for name, path in programs.items():
         torch.ops.rtindex_internal.set_program_path(name, str(path))
+    _module = module
     _loaded = info
     return info
+
+
+def bound_lookups(family: str, lead: tuple, config: int, dtype: torch.dtype, device: torch.device, lookup_type: type):
+    """Point lookups of one index bound to its tensors (csrc/bound_lookups.cpp): ``lookup(q)`` (answers as
+    ``lookup_type``) and ``lookup_rows(q, miss_row)`` call the ``<family>_lookup`` operators without boxing their
+    arguments."""
+    load()
+    return _module.BoundLookups(family, list(lead), config, dtype, device, lookup_type)

@@ -155,6 +155,17 @@ class IdToRow(torch.nn.Module):
         ``ids`` must have the dtype and device of the table's IDs.
         """
         if not torch.compiler.is_compiling():
+            # An eager plain batch (1-D, contiguous, the IDs' dtype and device): the index's bound call, which
+            # hands anything else back as None (csrc/bound_lookups.cpp).
+            # _index_is_current inlined: at small batches a method call here is a measurable share of the call.
+            bound = getattr(self._index, "_bound", None)
+            miss = self.miss
+            indexed = self._indexed
+            if (bound is not None and miss != "error" and type(ids) is torch.Tensor
+                    and indexed[0] is self._buffers.get("ids") and (indexed[1] is None or indexed[0]._version == indexed[1])):
+                rows = bound.lookup_rows(ids, self.default_row if miss == "default" else -1)
+                if rows is not None:
+                    return rows
             if not isinstance(ids, torch.Tensor):
                 raise TypeError(f"IdToRow takes a torch.Tensor of IDs, got {type(ids).__name__}")
             if not self._index_is_current():

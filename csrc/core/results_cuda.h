@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/EmptyTensor.h>
 
 #include <tuple>
 
@@ -11,12 +12,16 @@
 
 namespace rtindex::cuda_results {
 
+// One answer per query, from PyTorch's caching allocator as at::empty's CUDA kernel takes it, without the
+// dispatcher's round trip to that kernel: at small batches the point forms' allocations cost as much as the launch.
+inline at::Tensor per_query(int64_t q, const at::TensorOptions& opts) { return at::detail::empty_cuda({q}, opts); }
+
 // `empty_index`: nothing to launch; every query is a miss.
 template <typename Launcher>
 std::tuple<at::Tensor, at::Tensor> first_and_count(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index) {
   if (empty_index) return {at::full({q}, -1, opts), at::zeros({q}, opts)};
-  at::Tensor first = at::empty({q}, opts);
-  at::Tensor count = at::empty({q}, opts);
+  at::Tensor first = per_query(q, opts);
+  at::Tensor count = per_query(q, opts);
   l.p.results.first_row = first.data_ptr<int64_t>();
   l.p.results.count = count.data_ptr<int64_t>();
   l.p.results.miss_row = -1;
@@ -28,7 +33,7 @@ std::tuple<at::Tensor, at::Tensor> first_and_count(Launcher& l, int64_t q, const
 template <typename Launcher>
 at::Tensor first_rows(Launcher& l, int64_t q, const at::TensorOptions& opts, bool empty_index, int64_t miss_row) {
   if (empty_index) return at::full({q}, miss_row, opts);
-  at::Tensor first = at::empty({q}, opts);
+  at::Tensor first = per_query(q, opts);
   l.p.results.first_row = first.data_ptr<int64_t>();
   l.p.results.miss_row = miss_row;
   l.run(ResultMode::Rows);
