@@ -102,6 +102,7 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
                                                           torch.searchsorted(sorted_keys, q, right=True)),
             "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(sorted_keys, q),
             "the lookup operator alone": lambda: op(*ix._lead, ix._cfg, q, None),
+            "the bound call (CgRXIndex._bound)": lambda: ix._bound.lookup(q),
             "CgRXIndex.lookup": lambda: ix.lookup(q),
             "CgRXIndex.lookup_rows": lambda: ix.lookup_rows(q),
         }
