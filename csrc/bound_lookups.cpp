@@ -11,6 +11,11 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#if RTINDEX_WITH_CUDA
+#include "core/cuda_utils.h"
+#endif
+
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -35,6 +40,19 @@ c10::TypedOperatorHandle<Sig> find_op(const std::string& name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(("rtindex::" + name).c_str(), "").typed<Sig>();
 }
 
+#if RTINDEX_WITH_CUDA
+// For one call: the index's storages already recorded on the current stream, announced to the operator.
+struct IndexRecorded {
+  explicit IndexRecorded(const rtindex::RecordedUses& u) : uses(u) {}
+  rtindex::RecordedUses uses;
+  rtindex::RecordedUsesScope scope{&uses};
+};
+#else
+struct IndexRecorded {
+  explicit IndexRecorded(int) {}
+};
+#endif
+
 class BoundLookups {
  public:
   BoundLookups(const std::string& family, std::vector<Tensor> lead, int64_t config, at::ScalarType dtype, at::Device device,
@@ -50,6 +68,11 @@ class BoundLookups {
       cgrx_lookup_ = find_op<CgrxLookup>(family + "_lookup");
       cgrx_rows_ = find_op<CgrxRows>(family + "_lookup_rows");
     }
+#if RTINDEX_WITH_CUDA
+    for (const Tensor& t : lead_)
+      if (t.defined() && t.has_storage() && t.is_cuda())
+        index_storages_.storages[index_storages_.n++] = t.storage().unsafeGetStorageImpl();
+#endif
   }
 
   // Lookup(first_row, count), or None for a batch the checked path must see.
@@ -57,6 +80,7 @@ class BoundLookups {
     if (!plain(q)) return py::none();
     Pair out;
     {
+      const IndexRecorded recorded(index_uses());
       py::gil_scoped_release no_gil;
       out = rx_lookup_ ? rx_lookup_->call(lead_[0], lead_[1], config_, q, std::nullopt)
                        : cgrx_lookup_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt);
@@ -77,6 +101,7 @@ class BoundLookups {
     if (!plain(q)) return py::none();
     Tensor out;
     {
+      const IndexRecorded recorded(index_uses());
       py::gil_scoped_release no_gil;
       out = rx_rows_ ? rx_rows_->call(lead_[0], lead_[1], config_, q, std::nullopt, miss_row)
                      : cgrx_rows_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt, miss_row);
@@ -85,6 +110,29 @@ class BoundLookups {
   }
 
  private:
+#if RTINDEX_WITH_CUDA
+  // The index's tensors recorded on the current stream, once per stream (under the GIL), and for this call a
+  // copy of their storages with that stream, which the operator's record_uses skips (see RecordedUses).
+  rtindex::RecordedUses index_uses() {
+    rtindex::RecordedUses uses = index_storages_;
+    if (!device_.is_cuda()) {
+      uses.n = 0;
+      return uses;
+    }
+    const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device_.index());
+    if (std::find(recorded_on_.begin(), recorded_on_.end(), stream.id()) == recorded_on_.end()) {
+      for (const Tensor& t : lead_)
+        if (t.defined() && t.has_storage() && t.is_cuda())
+          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+      recorded_on_.push_back(stream.id());
+    }
+    uses.stream = stream.stream();
+    return uses;
+  }
+#else
+  int index_uses() { return 0; }
+#endif
+
   bool plain(const Tensor& q) const {
     return !at::impl::torch_function_mode_enabled() && q.scalar_type() == dtype_ && q.device() == device_ && q.dim() == 1 && q.is_contiguous();
   }
@@ -94,6 +142,10 @@ class BoundLookups {
   at::ScalarType dtype_;
   at::Device device_;
   py::type lookup_type_;
+#if RTINDEX_WITH_CUDA
+  rtindex::RecordedUses index_storages_;  // the lead tensors' storages (no stream)
+  std::vector<c10::StreamId> recorded_on_;
+#endif
   std::optional<c10::TypedOperatorHandle<RxLookup>> rx_lookup_;
   std::optional<c10::TypedOperatorHandle<RxRows>> rx_rows_;
   std::optional<c10::TypedOperatorHandle<CgrxLookup>> cgrx_lookup_;

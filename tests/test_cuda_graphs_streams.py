@@ -19,6 +19,7 @@ record would show as a wrong answer, not pass by luck of timing.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from keysets import ROW, int64_keys, point_queries, range_queries
@@ -196,9 +197,15 @@ def test_index_rebuilt_while_another_stream_reads_it(gen, kind):
     q = host_q.cuda()
     reader = torch.cuda.Stream()
     reader.wait_stream(torch.cuda.current_stream())
+    warm = torch.cuda.Stream()  # the bound eager path records the index's tensors once per stream: used here
+    with torch.cuda.stream(warm):
+        index.lookup(q)
+    reader.wait_stream(warm)
     with torch.cuda.stream(reader):
         torch.cuda._sleep(SLEEP_CYCLES)
         result = index.lookup(q)  # reads the index's tensors late, on the reader stream
+        rows = index.lookup_rows(q, -1) if hasattr(index, "lookup_rows") else None
+        again = index.lookup(q)  # the reader stream's second call: recorded before, skipped now
     sizes = [t.nbytes for t in index._index_tensors()]
     index.rebuild(keys_b.cuda())  # frees the old structure on the default stream...
     junk = [torch.full((max(n, 1),), 0x55, dtype=torch.uint8, device="cuda") for n in sizes]  # ...and reuses memory
@@ -206,6 +213,9 @@ def test_index_rebuilt_while_another_stream_reads_it(gen, kind):
     del junk
     first, count, _ = Reference(keys_a, "int64").points(host_q)
     check_lookup(result, first, count)  # answered from the old keys, untouched until the read was done
+    check_lookup(again, first, count)
+    if rows is not None:
+        np.testing.assert_array_equal(rows.cpu().numpy(), first)
 
 
 @cuda_only

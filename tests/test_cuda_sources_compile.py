@@ -55,14 +55,19 @@ def test_cuda_source_compiles(tmp_path, source):
     assert res.returncode == 0, res.stderr[-4000:]
 
 
-@pytest.mark.parametrize("source", [s for s in _extension._CUDA_SOURCES if s.endswith(".cpp")])
+# The CUDA build's .cpp files: its own, and the shared ones with CUDA-only parts (#if RTINDEX_WITH_CUDA).
+CUDA_SIDE_CPP = [s for s in _extension._CUDA_SOURCES if s.endswith(".cpp")] + [
+    s for s in _extension._CPU_SOURCES if "#if RTINDEX_WITH_CUDA" in (_extension.CSRC / s).read_text()]
+
+
+@pytest.mark.parametrize("source", CUDA_SIDE_CPP)
 def test_cuda_side_cpp_compiles(tmp_path, source):
     # nvcc knows where its own headers are; ask it rather than guessing from its path (it may be a wrapper).
     listing = subprocess.run([NVCC, "--dryrun", "-c", "-x", "cu", "/dev/null"], capture_output=True, text=True).stderr
     words = [w.strip('"') for w in listing.split()]
     found = [w[len("-I"):] for w in words if w.startswith("-I") and "include" in w]
     cuda_inc = next((p for p in found if (Path(p) / "cuda_runtime.h").exists()), "/usr/local/cuda/include")
-    cmd = ["c++", "-c", "-O0", "-fPIC", *include_flags(tmp_path), "-isystem", str(cuda_inc),
+    cmd = ["c++", "-c", "-O0", "-fPIC", *include_flags(tmp_path), "-isystem", str(cuda_inc), "-DTORCH_EXTENSION_NAME=probe",
            str(_extension.CSRC / source), "-o", str(tmp_path / "out.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]
