@@ -34,22 +34,37 @@ import torch_rtindex  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 
 
-def per_call_us(fn, dev: torch.device, iters: int) -> float:
-    """Mean microseconds per call of `iters` back-to-back calls after warm-up, timed on the host around the
-    whole loop with a synchronize at each end (an eager user's view: launch and Python costs included)."""
-    for _ in range(3):
+def timed_loop_us(fn, dev: torch.device, iters: int) -> float:
+    """Mean microseconds per call of `iters` back-to-back calls, timed on the host around the whole loop with a
+    synchronize at each end (an eager user's view: launch and Python costs included)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
         fn()
     if dev.type == "cuda":
         torch.cuda.synchronize()
-    best = []
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def per_call_us(fn, dev: torch.device, iters: int) -> float:
+    """The median of three timed loops after warm-up."""
     for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(iters):
+        fn()
+    return statistics.median(timed_loop_us(fn, dev, iters) for _ in range(3))
+
+
+def interleaved_eager_us(fns: dict, dev: torch.device, iters: int, rounds: int) -> dict:
+    """Per method the median over `rounds` rounds, each timing one loop of every method in turn: the host's time
+    per call drifts by tens of percent over seconds, and interleaving makes every method see the same drift."""
+    for fn in fns.values():
+        for _ in range(3):
             fn()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        best.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(best)
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(timed_loop_us(fn, dev, iters))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def graph_us(fn, iters: int) -> float | None:
@@ -191,6 +206,7 @@ def main() -> int:
     ap.add_argument("--embedding", action="store_true", help="time the embedding example's step, then stop")
     ap.add_argument("--methods", default=None,
                     help="comma-separated subset of the methods to time (e.g. cgRX-radix,IdToRow,one_kernel)")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the eager column (median)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -249,7 +265,10 @@ def main() -> int:
             first = out if name == "IdToRow" else out[0]
             if name not in ("hash_table", "one_kernel") and not torch.equal(first, want_first):
                 raise SystemExit(f"{name} disagrees with the sorted array at 2^{lq} queries")
-            eager = per_call_us(lambda: fn(q), dev, iters)
+        eagers = interleaved_eager_us({name: (lambda fn=fn: fn(q)) for name, fn in methods.items()}, dev, iters,
+                                      args.rounds)
+        for name, fn in methods.items():
+            eager = eagers[name]
             compiled = None
             if not args.no_compile and name != "hash_table":
                 compiled = compiled_us(fn, q, dev, iters, "default")
