@@ -259,7 +259,7 @@ def main() -> int:
         m = 1 << lq
         q = keys[torch.randint(0, n, (m,), device=dev, generator=gen)]
         want_first, want_count = sa_lookup(q)
-        iters = max(5, min(2000, (1 << 22) // m))
+        iters = max(5, min(2000, (1 << 24) // m))  # a loop of at least a few ms, also at 2^17
         for name, fn in methods.items():
             out = fn(q)
             first = out if name == "IdToRow" else out[0]
