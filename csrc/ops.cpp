@@ -111,6 +111,9 @@ TORCH_LIBRARY(rtindex, m) {
   m.def("cgrx_build(Tensor keys, int bucket_size, int layout, int key_type=2) -> (Tensor pairs, Tensor reps, Tensor table)");
   // The sorted pairs back as (ordered keys, int64 row IDs), in (key, row ID) order: what the index holds.
   m.def("cgrx_pairs_export(Tensor pairs, int layout) -> (Tensor keys, Tensor rows)");
+  // Writes rows[row ID] (its low 32 bits) into each aligned pair's spare word, which lookups with the config's
+  // spare_rows set answer with (a sharded index's global rows, cgrx_core.h Pairs::spare_rows).
+  m.def("cgrx_set_spare_rows(Tensor(a!) pairs, int layout, Tensor rows) -> ()");
   // representation: 0 = naive (markers at x = -1), 1 = optimized (the paper's §3.3; needs the pairs, bucket_size
   // and layout cgrx_build was given, for the key after each representative).
   m.def(

@@ -122,6 +122,9 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     kt = key_type if key_type == "uint64" else None
     idx = ShardedIndex(mine, key_type=kt, sample_size=64, group=group)
     ck.ok(len(idx) == allk.numel(), "len")
+    # The default shard (cgRX over aligned pairs where the radix table searches) answers in global rows itself.
+    spare = idx.local_index.layout == "aligned_row"
+    ck.ok(idx._spare_rows == spare, f"global rows in the shard's spare words: {idx._spare_rows}, want {spare}")
     # Shards: nearly equal wherever the keys allow it (in the duplicate sets one key is a large part of all).
     import torch.distributed as dist
 
@@ -211,14 +214,19 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     ck.eq(st["rows"], torch.arange(allk.numel()), "gathered rows")
     again = ShardedIndex.from_gathered_state(st, device=device, group=group)
     ck.eq(again.range(lod, hid).rows, f, "from_gathered_state range")
+    ck.eq(again.lookup(qd).first_row, first, "from_gathered_state lookup")
+    ck.ok(again._spare_rows == spare, "from_gathered_state: global rows in the shard")
     buf = io.BytesIO()
     torch.save(idx.state_dict(), buf)
     buf.seek(0)
     loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True), group=group)
     ck.eq(loaded.lookup(qd).first_row, first, "from_state_dict lookup")
+    ck.ok(loaded._spare_rows == spare, "from_state_dict: global rows in the shard")
     other = ShardedIndex(torch.zeros(3, dtype=mine.dtype, device=device), key_type=kt, group=group)
     other.load_state_dict(idx.state_dict())
     ck.eq(other.lookup_all(qd).rows, csr(rows)[1], "load_state_dict lookup_all")
+    ck.eq(other.lookup(qd).first_row, first, "load_state_dict lookup")
+    ck.ok(other._spare_rows == spare, "load_state_dict: global rows in the shard")
 
 
 def check_updates(ck: Checker, rank: int, world: int, device, seed: int, group=None) -> None:
@@ -333,18 +341,21 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
 
     for form, call in (("lookup", lambda: idx.lookup(q)), ("range", lambda: idx.range(q, q + 3)),
                        ("range_capped", lambda: idx.range_capped(q, q + 3, 5))):
-        name = {"lookup": "lookup", "range": "range", "range_capped": "range_capped"}[form]
+        # A shard answering in global rows looks points up through _spare_lookup: both fail.
+        names = {"lookup": ("lookup", "_spare_lookup"), "range": ("range",), "range_capped": ("range_capped",)}[form]
         if rank == bad:
-            setattr(idx._local, name, oom)
+            for name in names:
+                setattr(idx._local, name, oom)
         ck.raises(call, f"{form}: local out of memory on one rank", "rank")
         if rank == bad:
-            delattr(idx._local, name)
+            for name in names:
+                delattr(idx._local, name)
     idx.pipeline = 2
     if rank == bad:
-        idx._local.lookup = oom
+        idx._local.lookup = idx._local._spare_lookup = oom
     ck.raises(lambda: idx.lookup(q), "pipelined lookup: local out of memory on one rank", "rank")
     if rank == bad:
-        del idx._local.lookup
+        del idx._local.lookup, idx._local._spare_lookup
     idx.pipeline = 1
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")
@@ -465,10 +476,13 @@ def check_local_factories(ck: Checker, rank: int, world: int, device, group=None
     rfirst, rcount, rrows = ref.ranges(lo, hi)
     for name, kw in (("rx", {"index_factory": RXIndex}),
                      ("cgrx binary_search", {"index_factory": functools.partial(CgRXIndex, backend="binary_search", bucket_size=4)}),
+                     ("cgrx binary_search aligned", {"index_factory": functools.partial(
+                         CgRXIndex, backend="binary_search", bucket_size=4, layout="aligned_row")}),
                      ("updatable", {"updatable": True}),
                      ("chunked", {"index_factory": chunked}),
                      ("chunked updatable", {"index_factory": functools.partial(chunked, updatable=True), "updatable": True})):
         idx = ShardedIndex(parts[rank].to(device), group=group, **kw)
+        ck.ok(idx._spare_rows == name.endswith("aligned"), f"{name}: global rows in the shard only where it has spare words")
         r = idx.lookup(q.to(device))
         ck.eq(r.first_row, first, f"{name} lookup first_row")
         ck.eq(r.count, count, f"{name} lookup count")

@@ -300,3 +300,38 @@ def test_radix_lookups_over_a_large_table():
     hi = torch.where(q > 2**63 - 1 - width, 2**63 - 1, q + width)
     want = torch.searchsorted(sorted_keys, hi, right=True) - left
     assert torch.equal(index.range_count(q, hi), want)
+
+
+@pytest.mark.parametrize("kind", ["uniform", "duplicates", "clustered"])
+@pytest.mark.parametrize("backend", ["radix", "binary_search"])
+def test_spare_rows_answer_with_the_written_rows(device, gen, kind, backend):
+    """A sharded index's shard keeps each pair's global row in the aligned pair's spare word: its point and
+    range lookups then answer with map[row] (the smallest per query: the map rises with the row), counts as
+    before; aggregates refuse (their values are indexed by row ID); other layouts have no spare word; a rebuild
+    drops the written rows."""
+    keys = int64_keys(kind, 3000, gen).to(device)
+    index = CgRXIndex(keys, backend=backend, layout="aligned_row", bucket_size=4)
+    steps = torch.randint(1, (1 << 31) // keys.numel(), (keys.numel(),), generator=gen)
+    mapping = (torch.cumsum(steps, 0) + (1 << 31)).to(device)  # rising, up to the edge of 32 bits
+    assert int(mapping[-1]) < 2**32
+    assert index._set_spare_rows(mapping)
+    ref = Reference(keys, "int64")
+    as_mapped = lambda first: np.where(first >= 0, mapping.cpu().numpy()[np.maximum(first, 0)], -1)  # noqa: E731
+    q = point_queries(keys.cpu(), 2000, gen).to(device)
+    first, count, _ = ref.points(q)
+    check_lookup(index._spare_lookup(q), as_mapped(first), count)
+    lo, hi = (t.to(device) for t in range_queries(keys.cpu(), 1000, gen, 1 << 60))
+    rfirst, rcount, _ = ref.ranges(lo, hi)
+    check_lookup(index._spare_lookup(lo, hi), as_mapped(rfirst), rcount)
+    check_lookup(index.lookup(q), first, count)  # the index's own lookups keep their row IDs
+    cfg = index._config(index.key_type, True)
+    with pytest.raises(RuntimeError, match="spare rows"):
+        torch.ops.rtindex.cgrx_aggregate(*index._lead, cfg, q, None, torch.ones(len(index), device=device))
+    assert not CgRXIndex(keys, layout="packed_row")._set_spare_rows(mapping)
+    assert not index._set_spare_rows(mapping[:-1])  # not one row per key
+    assert index._spare_lookup(q) is None
+    assert index._set_spare_rows(mapping)
+    index.rebuild(keys[:100])
+    assert index._spare_lookup(q) is None
+    with pytest.raises(RuntimeError, match="aligned_row"):
+        torch.ops.rtindex.cgrx_set_spare_rows(CgRXIndex(keys, layout="packed_row")._pairs, 0, mapping)

@@ -296,9 +296,12 @@ class IndexBase:
             check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
 
     def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
-              values: torch.Tensor | None = None, capacity: Any = None, miss_row: int = -1) -> Any:
+              values: torch.Tensor | None = None, capacity: Any = None, miss_row: int = -1,
+              configs: tuple[int, int] | None = None) -> Any:
         """One lookup: checks, then the index's operator on the caller's queries (mapped inside the kernels);
-        answers that come one per query go through a query sort where :attr:`sort_queries` says so."""
+        answers that come one per query go through a query sort where :attr:`sort_queries` says so. ``configs``:
+        the operator configurations for the caller's key type and for ordered keys, if not the index's own."""
+        cfg, cfg_ordered = configs if configs is not None else (self._cfg, self._cfg_ordered)
         self._check_queries(lo, hi)
         if self._cuda and (needs_host_sync or self._capture_blocked):
             self._refuse_capture(method, needs_host_sync)
@@ -311,7 +314,7 @@ class IndexBase:
             extra = (miss_row,)
         op = self._forms[form]
         if form in ("lookup_csr", "lookup_csr_capped") or not self._wants_query_sort(lo.numel()):
-            return op(*self._lead, self._cfg, lo, hi, *extra)
+            return op(*self._lead, cfg, lo, hi, *extra)
         # The query sort: the operator sees ordered keys in key order; its answers go back to the caller's order
         # (a permutation, so every answer lands exactly once).
         ops = _ops()
@@ -319,7 +322,7 @@ class IndexBase:
         qlo, qhi = (ops.map_keys(lo, kt), None) if hi is None else ops.map_ranges(lo, hi, kt)
         slo, order = ops.sort_queries(qlo, *self._query_bits)
         shi = None if qhi is None else qhi.index_select(0, order)
-        out = op(*self._lead, self._cfg_ordered, slo, shi, *extra)
+        out = op(*self._lead, cfg_ordered, slo, shi, *extra)
         if isinstance(out, torch.Tensor):
             return torch.empty_like(out).index_copy_(0, order, out)
         return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)

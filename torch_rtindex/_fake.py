@@ -122,6 +122,11 @@ def _(pairs, layout):
     return pairs.new_empty((n,), dtype=torch.int64), pairs.new_empty((n,), dtype=torch.int64)
 
 
+@register_fake("rtindex::cgrx_set_spare_rows")
+def _(pairs, layout, rows):
+    return None
+
+
 @register_fake("rtindex::cgrx_build")
 def _(keys, bucket_size, layout, key_type=2):
     return (

@@ -30,6 +30,7 @@ import torch
 from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes, query_sort_bits
 from ._keys import KEY_TYPES, resolve_key_type
 from ._config import Backend, BucketSearch, Layout, Representation, cgrx_config
+from .results import Lookup
 from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
@@ -197,8 +198,33 @@ class CgRXIndex(CgRXSearch):
         self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
-    def _config(self, key_type: str) -> int:
-        return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list())
+    def _config(self, key_type: str, spare_rows: bool = False) -> int:
+        return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list(),
+                           spare_rows=spare_rows)
+
+    # A second row per pair, for a sharded index's shard: its global rows, answered without a map.
+    _spare: tuple[torch.Tensor, int, int] | None = None
+
+    def _set_spare_rows(self, rows: torch.Tensor) -> bool:
+        """Writes ``rows[row ID]`` (int64 below 2^32: the caller's promise) into every pair's spare word, so that
+        :meth:`_spare_lookup` answers with those instead of row IDs. False (and nothing written) where the
+        pairs have no spare word (a layout other than aligned_row) or ``rows`` is not one value per key here.
+        A rebuild clears them (new pairs)."""
+        self._spare = None
+        if (self.layout != "aligned_row" or not isinstance(rows, torch.Tensor) or rows.dim() != 1
+                or rows.numel() != self._n or rows.device != self.device):
+            return False
+        _ops().cgrx_set_spare_rows(self._pairs, LAYOUTS[self.layout], rows.to(torch.int64).contiguous())
+        self._spare = (self._pairs, self._config(self.key_type, True), self._config("uint64", True))
+        return True
+
+    def _spare_lookup(self, lo: torch.Tensor, hi: torch.Tensor | None = None) -> Lookup | None:
+        """``lookup(lo)`` / ``range_lookup(lo, hi)`` answered with the rows :meth:`_set_spare_rows` wrote (the
+        smallest one per query: they must rise with the row IDs); None where those are gone (a rebuild)."""
+        spare = self._spare
+        if spare is None or spare[0] is not self._pairs:
+            return None
+        return Lookup(*self._call("lookup", lo, hi, "range_lookup" if hi is not None else "lookup", configs=spare[1:]))
 
     # ---------------------------------------------------------------------------------- state and devices
     def _held_keys(self) -> torch.Tensor:

@@ -46,7 +46,19 @@ inline Pairs pairs_view(const at::Tensor& pairs, Layout l, int64_t bucket_size, 
   const int64_t n = num_pairs(pairs, l);
   TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
   return Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
-               static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u};
+               static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u, 0u};
+}
+
+// cgrx_set_spare_rows's arguments, checked: aligned pairs and one int64 value per pair, indexed by row ID.
+inline Pairs spare_rows_view(const at::Tensor& pairs, int64_t layout, const at::Tensor& rows) {
+  const Layout l = pairs_layout_from_int(layout);
+  TORCH_CHECK(l == Layout::AlignedRow, "spare rows need the aligned_row layout, got layout ", layout);
+  const Pairs p = pairs_view(pairs, l, 1, false);
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_contiguous(),
+              "rows must be a contiguous 1-D int64 tensor");
+  TORCH_CHECK(rows.numel() == static_cast<int64_t>(p.n), "rows must hold one value per pair (", p.n, "), got ", rows.numel());
+  check_same_device(pairs, rows, "pairs", "rows");
+  return p;
 }
 
 inline Representation representation_from_int(int64_t v) {
@@ -86,18 +98,19 @@ struct CgrxConfig {
   bool linear_search;
   int64_t backend;    // Backend
   SceneConfig scene;
+  bool spare_rows;    // answer with the aligned pairs' spare words (Pairs::spare_rows)
 };
 enum CgrxField : size_t { kCgrxKeyType, kCgrxLayout, kCgrxBucketSearch, kCgrxBackend, kCgrxScene,
-                          kCgrxBucketSize = kCgrxScene + kSceneFieldCount };
+                          kCgrxBucketSize = kCgrxScene + kSceneFieldCount, kCgrxSpareRows };
 constexpr ConfigField kCgrxConfigFields[] = {
     {"key_type", 3}, {"layout", 2}, {"bucket_search", 1}, {"backend", 2}, kSceneFields[0], kSceneFields[1],
-    kSceneFields[2], kSceneFields[3], {"bucket_size", 31}};
-static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxBucketSize + 1, "field table and enum differ");
+    kSceneFields[2], kSceneFields[3], {"bucket_size", 31}, {"spare_rows", 1}};
+static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxSpareRows + 1, "field table and enum differ");
 
 inline CgrxConfig cgrx_config(int64_t packed) {
   const auto f = unpack_config(packed, kCgrxConfigFields, "a cgRX config");
   return CgrxConfig{key_type_from_int(f[kCgrxKeyType]), f[kCgrxLayout], f[kCgrxBucketSize],
-                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene])};
+                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene]), f[kCgrxSpareRows] == 1};
 }
 
 inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,
@@ -114,6 +127,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
               "table must be the int32 tensor cgrx_build returned");
   check_same_device(pairs, reps, "pairs", "reps");
   check_same_device(pairs, table, "pairs", "table");
+  TORCH_CHECK(!cfg.spare_rows || l == Layout::AlignedRow, "spare rows need the aligned_row layout");
   IndexArgs a{};
   if (l == Layout::Nodes) {
     // Updatable index: `pairs` holds the node region, bucket_size is the node size, one bucket per representative.
@@ -125,6 +139,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
     a.storage.use_nodes = true;
   } else {
     a.storage.pairs = pairs_view(pairs, l, bucket_size, linear_search);
+    a.storage.pairs.spare_rows = cfg.spare_rows ? 1u : 0u;
     a.num_reps = a.storage.pairs.num_buckets();
     TORCH_CHECK(reps.numel() == static_cast<int64_t>(a.num_reps), "reps do not match pairs and bucket_size");
   }
@@ -141,6 +156,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
 // Values are indexed by row ID: for the read-only index one per key; for the updatable index the Python
 // API checks that they cover every row ID it handed out.
 inline void check_cgrx_values(const at::Tensor& values, const Storage& st, const at::Tensor& index) {
+  TORCH_CHECK(st.use_nodes || !st.pairs.spare_rows, "aggregates index their values by row ID: not with spare rows");
   check_values(values, st.use_nodes ? values.numel() : static_cast<int64_t>(st.pairs.n), index);
 }
 

@@ -18,7 +18,7 @@ namespace rtindex::cgrx {
 // How the sorted (key, rowID) pairs sit in memory; all three live in one int32 tensor.
 enum class Layout : uint32_t {
   PackedRow = 0,   // 12 bytes per pair: key low word, key high word, rowID (the paper's choice)
-  AlignedRow = 1,  // 16 bytes per pair: 64-bit key, rowID, padding
+  AlignedRow = 1,  // 16 bytes per pair: 64-bit key, rowID, a spare word (spare rows: below)
   Column = 2,      // all keys (8 bytes each), then all rowIDs (4 bytes each)
   Nodes = 3,       // updatable: chains of fixed-size nodes per bucket (cgrx_nodes.h)
 };
@@ -36,6 +36,10 @@ struct Pairs {
   uint32_t layout;
   uint32_t bucket_size;
   uint32_t linear_search;  // 0: binary search in the bucket (default), 1: linear scan
+  // 1: aligned rows answer with their spare word instead of their row ID. A sharded index's shard writes each
+  // pair's global row there (cgrx_set_spare_rows), so that its lookups answer in global rows without a map;
+  // aggregates keep reading the row ID, which indexes the values.
+  uint32_t spare_rows;
 
   RTX_HD uint64_t key(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
@@ -47,7 +51,7 @@ struct Pairs {
   RTX_HD uint32_t row(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
       case Layout::PackedRow: return data[3 * i + 2];
-      case Layout::AlignedRow: return data[4 * i + 2];
+      case Layout::AlignedRow: return data[4 * i + 2 + spare_rows];
       default: return data[2 * n + i];
     }
   }
@@ -68,7 +72,7 @@ struct Pairs {
     for (int t = 0; t < 4; ++t) {
       const uint4 v = reinterpret_cast<const uint4*>(data)[begin + t];
       l.key[t] = uint64_t(v.x) | (uint64_t(v.y) << 32);
-      l.row[t] = v.z;
+      l.row[t] = spare_rows ? v.w : v.z;
     }
     return l;
   }

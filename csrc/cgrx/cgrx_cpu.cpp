@@ -45,6 +45,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cgrx_build_cpu(const at::Tensor& 
   return {pairs, reps, build_pairs_radix_table_cpu(sorted, reps, l, bucket_size)};
 }
 
+void cgrx_set_spare_rows_cpu(at::Tensor& pairs, int64_t layout, const at::Tensor& rows) {
+  const Pairs p = spare_rows_view(pairs, layout, rows);
+  uint32_t* data = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t n = static_cast<int64_t>(p.n);
+  at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) data[4 * i + 3] = static_cast<uint32_t>(r[data[4 * i + 2]]);
+  });
+}
+
 // The sorted pairs as (ordered keys, row IDs as int64): what the index holds, for its state.
 std::tuple<at::Tensor, at::Tensor> cgrx_pairs_export_cpu(const at::Tensor& pairs, int64_t layout) {
   const Pairs p = pairs_view(pairs, pairs_layout_from_int(layout), 1, false);
@@ -266,6 +276,7 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_build", &cgrx_build_cpu);
   m.impl("cgrx_build_scene", &cgrx_build_scene_cpu);
   m.impl("cgrx_pairs_export", &cgrx_pairs_export_cpu);
+  m.impl("cgrx_set_spare_rows", &cgrx_set_spare_rows_cpu);
   m.impl("cgrx_lookup", &cgrx_lookup_cpu);
   m.impl("cgrx_lookup_rows", &cgrx_lookup_rows_cpu);
   m.impl("cgrx_range_count", &cgrx_range_count_cpu);

@@ -51,6 +51,21 @@ std::tuple<at::Tensor, at::Tensor> cgrx_pairs_export_cuda(const at::Tensor& pair
   return {keys, rows};
 }
 
+__global__ void set_spare_rows_kernel(uint32_t* __restrict__ data, const int64_t* __restrict__ rows, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    data[4 * i + 3] = static_cast<uint32_t>(rows[data[4 * i + 2]]);
+}
+
+void cgrx_set_spare_rows_cuda(at::Tensor& pairs, int64_t layout, const at::Tensor& rows) {
+  const Pairs p = spare_rows_view(pairs, layout, rows);
+  const c10::cuda::CUDAGuard guard(pairs.device());
+  const int64_t n = static_cast<int64_t>(p.n);
+  if (n == 0) return;
+  set_spare_rows_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>()), rows.data_ptr<int64_t>(), n);
+  RTX_CHECK_LAUNCH();
+}
+
 __global__ void scene_kernel(const uint64_t* reps, Pairs pairs, SceneShape s, SceneConfig c, Vec3* v) {
   for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b < s.num_buckets; b += uint64_t(gridDim.x) * blockDim.x)
     bucket_triangles(reps, pairs, s, b, c, v);
@@ -271,6 +286,7 @@ TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_build", &cgrx_build_cuda);
   m.impl("cgrx_build_scene", &cgrx_build_scene_cuda);
   m.impl("cgrx_pairs_export", &cgrx_pairs_export_cuda);
+  m.impl("cgrx_set_spare_rows", &cgrx_set_spare_rows_cuda);
   m.impl("cgrx_lookup", &cgrx_lookup_cuda);
   m.impl("cgrx_lookup_rows", &cgrx_lookup_rows_cuda);
   m.impl("cgrx_lookup_csr", &cgrx_lookup_csr_cuda);

@@ -96,6 +96,16 @@ def _default_factory(updatable: bool) -> Callable[..., Any]:
     return UpdatableCgRXIndex if updatable else CgRXIndex
 
 
+def _global_rows_in_shard(local: Any, local_to_global: torch.Tensor, num_rows: int) -> bool:
+    """Whether the shard now answers in global rows: a read-only cgRX shard over aligned pairs keeps each pair's
+    global row in the pair's spare word (written here), so its point and range lookups need no map
+    (pack_answers' random reads of local_to_global). Other local indexes, and global rows from 2^32 on, keep
+    the map. Runs where the shard is built, inside the agreed step (a failure is collective); the shard's rows
+    never change without a rebuild (updates need node chains)."""
+    attach = getattr(local, "_set_spare_rows", None)
+    return attach is not None and num_rows <= 2**32 and bool(attach(local_to_global))
+
+
 def _default_pipeline(device: torch.device) -> int:
     return DEFAULT_CUDA_PIPELINE if device.type == "cuda" else 1
 
@@ -389,13 +399,15 @@ class ShardedIndex:
         else:
             src_order = None
 
+        total_rows = int(num_rows) if num_rows is not None else sum(counts)
+
         def make_local():
             local = self.index_factory(rkeys, key_type="uint64")
             if self.updatable and not hasattr(local, "update"):
                 raise TypeError(f"updatable=True needs a local index with update(); {type(local).__name__} has none")
-            return local
+            return local, _global_rows_in_shard(local, rrows, total_rows)
 
-        local, _ = self._agree("build_done", make_local, device=device)
+        (local, self._spare_rows), _ = self._agree("build_done", make_local, device=device)
         st.mark("local")
         self._local = local
         self._l2g = rrows
@@ -410,7 +422,7 @@ class ShardedIndex:
         self._src, self._seq = src, seq
         self._recv_totals = list(recv_splits)  # rows received from each source so far
         self._contrib_owner = owner  # owner of each row this rank contributed, in contributed order
-        self._num_rows = int(num_rows) if num_rows is not None else sum(counts)
+        self._num_rows = total_rows
         self._num_keys = sum(counts)
         self._plan_values()
         st.stats.update(keys=ordered.numel(), local_keys=rkeys.numel())
@@ -684,6 +696,9 @@ class ShardedIndex:
             count = loc.range_count(rlo, rhi).to(torch.int64)
             return _internal().pack_answers(torch.full_like(count, -1), count, self._l2g[:0])
         if op.startswith("lookup") or op.startswith("range_lookup"):
+            r = loc._spare_lookup(rlo, rhi) if self._spare_rows else None  # global rows from the shard itself
+            if r is not None:
+                return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g[:0])
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
             return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g)
         a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
@@ -1486,21 +1501,24 @@ class ShardedIndex:
                 raise ValueError(f"unknown local index class {state['local_class']!r}")
             t = lambda x: x.to(dev)  # noqa: E731
             local = local_cls.from_state_dict(state["local"], device=dev, **(local_options or {}))
+            l2g = t(state["local_to_global"])
+            spare = _global_rows_in_shard(local, l2g, int(state["num_rows"]))
             key_dtype = getattr(torch, state["key_dtype"])
-            return local, key_dtype, t(state["splitters"]), t(state["local_to_global"]), t(state["source"]), \
-                t(state["sequence"]), t(state["contributed_owner"])
+            return local, key_dtype, t(state["splitters"]), l2g, t(state["source"]), \
+                t(state["sequence"]), t(state["contributed_owner"]), spare
 
         got, heads = self._agree("load_state_dict", validate, lambda g: [int(state["num_rows"])], device=dev,
                                  key_type=state.get("key_type") if isinstance(state, dict) else None)
         self._disagree(heads, 2, "the key type", lambda v: _KEY_TYPE_NAMES.get(v, "?"))
         self._disagree(heads, 6, "the device type", _device_name)
         self._disagree(heads, _HEAD, "the number of rows", str)
-        local, self.key_dtype, self._splitters, self._l2g, self._src, self._seq, self._contrib_owner = got
+        local, self.key_dtype, self._splitters, self._l2g, self._src, self._seq, self._contrib_owner, spare = got
         self._local = local
         self.key_type = state["key_type"]
         self.sample_size = 4096
         self._recv_totals = list(state["received"])
         self._num_rows, self._num_keys = int(state["num_rows"]), int(state["num_keys"])
+        self._spare_rows = spare
         self._plan_values()
         return self
 
