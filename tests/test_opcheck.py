@@ -470,6 +470,31 @@ def test_state_export_operators(device, data, layout):
     assert torch.equal(ops.unmap_keys(ops.map_keys(f, 3), 3, torch.float32), f)
 
 
+def test_spare_rows_operator(device, data):
+    """cgrx_set_spare_rows (in place: each aligned pair's spare word from rows[row ID]) and a lookup that answers
+    with those words (the config's spare_rows), as a sharded index's shard uses them."""
+    from torch_rtindex import _config
+
+    keys, queries, *_ = data
+    k = ordered(keys).to(device)
+    pairs, reps, table = ops.cgrx_build(k, BUCKET, 1)
+    n = k.numel()
+    mapping = (torch.arange(n, dtype=torch.int64) * 5 + 11).to(device)
+    opcheck(ops.cgrx_set_spare_rows.default, (pairs, 1, mapping))
+    ops.cgrx_set_spare_rows(pairs, 1, mapping)
+    words = pairs.view(-1, 4).cpu()
+    assert torch.equal(words[:, 3].to(torch.int64), words[:, 2].to(torch.int64) * 5 + 11)
+    q = ordered(queries).to(device)
+    empty = torch.empty(0, dtype=torch.uint8, device=device)  # no scene: the radix backend
+    cfg = _config.cgrx_config("uint64", "aligned_row", BUCKET, "binary", "radix", SCENE, spare_rows=True)
+    plain = _config.cgrx_config("uint64", "aligned_row", BUCKET, "binary", "radix", SCENE)
+    opcheck(ops.cgrx_lookup.default, (pairs, reps, table, empty, cfg, q, None))
+    first, count = ops.cgrx_lookup(pairs, reps, table, empty, cfg, q, None)
+    want_first, want_count = ops.cgrx_lookup(pairs, reps, table, empty, plain, q, None)
+    assert torch.equal(count, want_count)
+    assert torch.equal(first, torch.where(want_first >= 0, want_first * 5 + 11, -1))
+
+
 def test_config_schema_matches_the_python_mirrors():
     from torch_rtindex import _config
 
