@@ -87,6 +87,11 @@ answered through torch.ops (its __torch_function__ must see the call)."""
     other = "cpu" if device.type == "cuda" else "meta"
     with pytest.raises((ValueError, RuntimeError)):
         index.lookup(q.to(other))
+    for bad in (2**63, -(2**63) - 1):
+        with pytest.raises(ValueError, match="miss_row must fit in int64"):
+            index.lookup_rows(q, bad)
+    with pytest.raises(ValueError, match="default_row"):
+        IdToRow(keys, default_row=2**63)
     check_lookup(index.lookup(q), *ref.points(q)[:2])  # and the index still answers
 
 

@@ -19,6 +19,7 @@ from . import _extension
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries
 from .results import Aggregate, CappedMatches, Lookup, Matches
 
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _as_lookup = tuple.__new__  # a named tuple from an operator's tuple, without the namedtuple's argument unpacking
 
 IndexT = TypeVar("IndexT", bound="IndexBase")
@@ -118,6 +119,7 @@ class IndexBase:
     #: The sort (a radix sort over QUERY_SORT_BITS bits) is counted in every lookup time the benchmarks report.
     _sort_queries: bool | None = None
     _query_bits: tuple[int, int] = (0, 0)
+    _bound: Any = None  # the eager point lookups bound to this index (csrc/bound_lookups.cpp), where they apply
 
     @property
     def sort_queries(self) -> bool | None:
@@ -408,7 +410,8 @@ class IndexBase:
             miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
         """
         bound = self._bound
-        if bound is not None and type(miss_row) is int and type(queries) is torch.Tensor and not torch.compiler.is_compiling():
+        if (bound is not None and type(miss_row) is int and _I64_MIN <= miss_row <= _I64_MAX
+                and type(queries) is torch.Tensor and not torch.compiler.is_compiling()):
             try:
                 out = bound.lookup_rows(queries, miss_row)
             except RuntimeError:
@@ -416,8 +419,8 @@ class IndexBase:
                 raise
             if out is not None:
                 return out
-        if (self._direct_lookup is not None and type(miss_row) is int and type(queries) is torch.Tensor
-                and queries.dtype is self.key_dtype and queries.device == self.device):
+        if (self._direct_lookup is not None and type(miss_row) is int and _I64_MIN <= miss_row <= _I64_MAX
+                and type(queries) is torch.Tensor and queries.dtype is self.key_dtype and queries.device == self.device):
             try:
                 return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
             except RuntimeError:
@@ -425,6 +428,8 @@ class IndexBase:
                 raise
         if isinstance(miss_row, bool) or not isinstance(miss_row, int):
             raise TypeError(f"miss_row must be an int, got {type(miss_row).__name__}")
+        if not _I64_MIN <= miss_row <= _I64_MAX:
+            raise ValueError(f"miss_row must fit in int64 (the answers' dtype), got {miss_row}")
         return self._call("lookup_rows", queries, None, "lookup_rows", miss_row=miss_row)
 
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:

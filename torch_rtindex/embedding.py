@@ -108,9 +108,9 @@ class IdToRow(torch.nn.Module):
         self.index_kind = index
         if miss not in MISS_POLICIES:
             raise ValueError(f"miss must be one of {MISS_POLICIES}, got {miss!r}")
-        if isinstance(default_row, bool) or not isinstance(default_row, int) or default_row < 0:
+        if isinstance(default_row, bool) or not isinstance(default_row, int) or not 0 <= default_row < 2**63:
             raise ValueError(
-                f"default_row must be a non-negative int, got {default_row!r}; use miss='minus_one' for -1"
+                f"default_row must be a non-negative int64, got {default_row!r}; use miss='minus_one' for -1"
             )
         self.miss = miss
         self.default_row = default_row
