@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -41,14 +42,9 @@ c10::TypedOperatorHandle<Sig> find_op(const std::string& name) {
 }
 
 #if RTINDEX_WITH_CUDA
-// For one call: the index's storages already recorded on the current stream, announced to the operator.
-struct IndexRecorded {
-  explicit IndexRecorded(const rtindex::RecordedUses& u) : uses(u) {}
-  rtindex::RecordedUses uses;
-  rtindex::RecordedUsesScope scope{&uses};
-};
+using IndexRecorded = rtindex::RecordedUsesScope;
 #else
-struct IndexRecorded {
+struct IndexRecorded {  // a CPU build records nothing
   explicit IndexRecorded(int) {}
 };
 #endif
@@ -78,13 +74,10 @@ class BoundLookups {
   // Lookup(first_row, count), or None for a batch the checked path must see.
   py::object lookup(const Tensor& q) {
     if (!plain(q)) return py::none();
-    Pair out;
-    {
-      const IndexRecorded recorded(index_uses());
-      py::gil_scoped_release no_gil;
-      out = rx_lookup_ ? rx_lookup_->call(lead_[0], lead_[1], config_, q, std::nullopt)
-                       : cgrx_lookup_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt);
-    }
+    Pair out = call([&] {
+      return rx_lookup_ ? rx_lookup_->call(lead_[0], lead_[1], config_, q, std::nullopt)
+                        : cgrx_lookup_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt);
+    });
     // The named tuple made as tuple.__new__ makes one of a tuple subclass (tuple_subtype_new).
     auto* type = reinterpret_cast<PyTypeObject*>(lookup_type_.ptr());
     py::object first = py::cast(std::move(std::get<0>(out)));
@@ -99,31 +92,30 @@ class BoundLookups {
   // first_row with misses as miss_row, or None for a batch the checked path must see.
   py::object lookup_rows(const Tensor& q, int64_t miss_row) {
     if (!plain(q)) return py::none();
-    Tensor out;
-    {
-      const IndexRecorded recorded(index_uses());
-      py::gil_scoped_release no_gil;
-      out = rx_rows_ ? rx_rows_->call(lead_[0], lead_[1], config_, q, std::nullopt, miss_row)
-                     : cgrx_rows_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt, miss_row);
-    }
-    return py::cast(std::move(out));
+    return py::cast(call([&] {
+      return rx_rows_ ? rx_rows_->call(lead_[0], lead_[1], config_, q, std::nullopt, miss_row)
+                      : cgrx_rows_->call(lead_[0], lead_[1], lead_[2], lead_[3], config_, q, std::nullopt, miss_row);
+    }));
   }
 
  private:
+  // One operator call: the index's tensors announced as recorded on this stream, the GIL released (as torch.ops does).
+  template <typename F>
+  std::invoke_result_t<F&> call(F&& f) {
+    const IndexRecorded recorded(index_uses());
+    py::gil_scoped_release no_gil;
+    return f();
+  }
+
 #if RTINDEX_WITH_CUDA
   // The index's tensors recorded on the current stream, once per stream (under the GIL), and for this call a
   // copy of their storages with that stream, which the operator's record_uses skips (see RecordedUses).
   rtindex::RecordedUses index_uses() {
     rtindex::RecordedUses uses = index_storages_;
-    if (!device_.is_cuda()) {
-      uses.n = 0;
-      return uses;
-    }
+    if (uses.n == 0) return uses;  // a CPU index
     const c10::cuda::CUDAStream stream = at::cuda::getCurrentCUDAStream(device_.index());
     if (std::find(recorded_on_.begin(), recorded_on_.end(), stream.id()) == recorded_on_.end()) {
-      for (const Tensor& t : lead_)
-        if (t.defined() && t.has_storage() && t.is_cuda())
-          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream);
+      for (int k = 0; k < uses.n; ++k) c10::cuda::CUDACachingAllocator::recordStream(uses.storages[k]->data_ptr(), stream);
       recorded_on_.push_back(stream.id());
     }
     uses.stream = stream.stream();

@@ -174,7 +174,7 @@ class IndexBase:
     def _direct_lookup_form(self):
         """The point-lookup operator when a well-formed batch needs nothing but the operator call (no query
         sort at any size, no capture refusal to make), else None: lookup() then skips _call's decisions.
-        Also binds the eager form of that call (:attr:`_bound`)."""
+        Also binds the eager form of that call (:attr:`_bound`, set exactly where this is not None)."""
         if self._sort_from != float("inf") or (self._cuda and self._capture_blocked):
             self._bound = None
             return None
@@ -375,26 +375,22 @@ class IndexBase:
         Args:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
         """
-        # The direct path leaves the shape and contiguity checks to the operator, which makes them anyway, and runs
-        # the explaining checks only when it refused. The dtype and device stay checked here: the kernels also take
-        # int64 storage for a uint64 index's queries, which the Python API refuses, and queries on another device
-        # would reach that device's kernel (a meta batch, the meta kernel) instead. lookup_rows does the same.
-        # Eager calls of a plain batch go through the bound call (csrc/bound_lookups.cpp), which hands any other
-        # batch back (None), and calls under a __torch_function__ mode too. torch.compile traces the operator.
-        bound = self._bound
-        if bound is not None and type(queries) is torch.Tensor and not torch.compiler.is_compiling():
-            try:
-                out = bound.lookup(queries)
-            except RuntimeError:
-                self._check_queries(queries, None)
-                raise
-            if out is not None:
-                return out
+        # The direct paths leave the shape and contiguity checks to the operator, which makes them anyway, and run
+        # the explaining checks only when it refused. Eager calls go through the bound call
+        # (csrc/bound_lookups.cpp), which hands back (None) a batch that is not plain or a call under a
+        # __torch_function__ mode; those, and torch.compile, call the operator. The dtype and device stay checked
+        # on that path: the kernels also take int64 storage for a uint64 index's queries, which the Python API
+        # refuses, and queries on another device would reach that device's kernel (a meta batch, the meta kernel).
+        # lookup_rows does the same.
         direct = self._direct_lookup
-        if (direct is not None and type(queries) is torch.Tensor and queries.dtype is self.key_dtype
-                and queries.device == self.device):
+        if direct is not None and type(queries) is torch.Tensor:
             try:
-                return _as_lookup(Lookup, direct(*self._lead, self._cfg, queries, None))
+                if not torch.compiler.is_compiling():
+                    out = self._bound.lookup(queries)
+                    if out is not None:
+                        return out
+                if queries.dtype is self.key_dtype and queries.device == self.device:
+                    return _as_lookup(Lookup, direct(*self._lead, self._cfg, queries, None))
             except RuntimeError:
                 self._check_queries(queries, None)  # the explaining error, if the batch was what failed
                 raise
@@ -409,20 +405,15 @@ class IndexBase:
             queries: 1-D contiguous tensor with the index's key dtype, on the index's device.
             miss_row: the answer of a query without a match (an int; e.g. a default embedding row).
         """
-        bound = self._bound
-        if (bound is not None and type(miss_row) is int and _I64_MIN <= miss_row <= _I64_MAX
-                and type(queries) is torch.Tensor and not torch.compiler.is_compiling()):
-            try:
-                out = bound.lookup_rows(queries, miss_row)
-            except RuntimeError:
-                self._check_queries(queries, None)
-                raise
-            if out is not None:
-                return out
         if (self._direct_lookup is not None and type(miss_row) is int and _I64_MIN <= miss_row <= _I64_MAX
-                and type(queries) is torch.Tensor and queries.dtype is self.key_dtype and queries.device == self.device):
+                and type(queries) is torch.Tensor):  # as lookup()
             try:
-                return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)  # as lookup()
+                if not torch.compiler.is_compiling():
+                    out = self._bound.lookup_rows(queries, miss_row)
+                    if out is not None:
+                        return out
+                if queries.dtype is self.key_dtype and queries.device == self.device:
+                    return self._forms["lookup_rows"](*self._lead, self._cfg, queries, None, miss_row)
             except RuntimeError:
                 self._check_queries(queries, None)
                 raise

@@ -157,12 +157,9 @@ class IdToRow(torch.nn.Module):
         if not torch.compiler.is_compiling():
             # An eager plain batch (1-D, contiguous, the IDs' dtype and device): the index's bound call, which
             # hands anything else back as None (csrc/bound_lookups.cpp).
-            # _index_is_current inlined: at small batches a method call here is a measurable share of the call.
             bound = getattr(self._index, "_bound", None)
             miss = self.miss
-            indexed = self._indexed
-            if (bound is not None and miss != "error" and type(ids) is torch.Tensor
-                    and indexed[0] is self._buffers.get("ids") and (indexed[1] is None or indexed[0]._version == indexed[1])):
+            if bound is not None and miss != "error" and type(ids) is torch.Tensor and self._index_is_current():
                 rows = bound.lookup_rows(ids, self.default_row if miss == "default" else -1)
                 if rows is not None:
                     return rows

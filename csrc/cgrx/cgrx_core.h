@@ -130,6 +130,11 @@ RTX_HD void store_pair(uint32_t* data, uint64_t n, Layout l, uint64_t i, uint64_
   }
 }
 
+// Writes aligned pair i's spare word: rows[its row ID] (the low 32 bits; Pairs::spare_rows answers with it).
+RTX_HD void store_spare_row(uint32_t* data, uint64_t i, const int64_t* rows) {
+  data[4 * i + 3] = static_cast<uint32_t>(rows[data[4 * i + 2]]);
+}
+
 // ---- The radix table (for GPUs without RT cores) ----------------------------------------------------------
 // Finding where a key's first match lies should not cost a trip to device memory: the read of the pairs that
 // follows already does, and on this hardware a lookup's time follows the bytes it reads from device memory

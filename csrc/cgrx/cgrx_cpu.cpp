@@ -51,7 +51,7 @@ void cgrx_set_spare_rows_cpu(at::Tensor& pairs, int64_t layout, const at::Tensor
   const int64_t* r = rows.data_ptr<int64_t>();
   const int64_t n = static_cast<int64_t>(p.n);
   at::parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) data[4 * i + 3] = static_cast<uint32_t>(r[data[4 * i + 2]]);
+    for (int64_t i = b; i < e; ++i) store_spare_row(data, i, r);
   });
 }
 

@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor> cgrx_pairs_export_cuda(const at::Tensor& pair
 
 __global__ void set_spare_rows_kernel(uint32_t* __restrict__ data, const int64_t* __restrict__ rows, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    data[4 * i + 3] = static_cast<uint32_t>(rows[data[4 * i + 2]]);
+    store_spare_row(data, i, rows);
 }
 
 void cgrx_set_spare_rows_cuda(at::Tensor& pairs, int64_t layout, const at::Tensor& rows) {

@@ -38,15 +38,18 @@ struct RecordedUses {
 };
 inline thread_local const RecordedUses* t_recorded_uses = nullptr;
 
-// Sets t_recorded_uses for one call and restores what was there.
+// Announces `uses` (a copy) to record_uses for the scope's length, then restores what was there.
 class RecordedUsesScope {
  public:
-  explicit RecordedUsesScope(const RecordedUses* uses) : previous_(t_recorded_uses) { t_recorded_uses = uses; }
+  explicit RecordedUsesScope(const RecordedUses& uses) : uses_(uses), previous_(t_recorded_uses) {
+    t_recorded_uses = &uses_;
+  }
   ~RecordedUsesScope() { t_recorded_uses = previous_; }
   RecordedUsesScope(const RecordedUsesScope&) = delete;
   RecordedUsesScope& operator=(const RecordedUsesScope&) = delete;
 
  private:
+  const RecordedUses uses_;
   const RecordedUses* previous_;
 };
 
