@@ -64,6 +64,9 @@ def parse(argv=None):
     ap.add_argument("--trace", action="store_true",
                     help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--reserve-l2", action="store_true",
+                    help="set the most L2 the GPU allows aside for the radix tables (torch_rtindex.reserve_l2) on every "
+                         "rank, so the one-GPU baseline and the shards both have it")
     ap.add_argument("--backend", default="radix", help="the cgRX backend of the local and the single-GPU index")
     ap.add_argument("--out-dir", default=None)
     a = ap.parse_args(argv)
@@ -324,16 +327,22 @@ def bench(rank: int, world: int, argv: list[str]) -> None:
         from torch_rtindex.distributed import sharded
 
         sharded.MIN_CHUNK_QUERIES = a.min_chunk_queries
+    l2 = 0
+    if a.reserve_l2 and dev.type == "cuda":
+        from torch_rtindex import reserve_l2
+
+        l2 = reserve_l2(device=dev)
     rows = []
     for mode in [m for m in a.modes.split(",") if m]:
         rows += run_mode(mode, a, rank, world, dev)
     if rank == 0:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-        result = {"device": name, "world": world, "backend": dist.get_backend(), "commit": git_commit(),
+        result = {"device": name, "world": world, "backend": dist.get_backend(), "commit": git_commit(), "l2_set_aside": l2,
                   "torch": torch.__version__, "params": vars(a), "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
                   "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")},
                   "runs": rows, "model": model(rows)}
-        print(f"{name} x{world} ({dist.get_backend()}), commit {result['commit']}, torch {torch.__version__}")
+        print(f"{name} x{world} ({dist.get_backend()}), commit {result['commit']}, torch {torch.__version__}, "
+              f"L2 set aside {l2 / 2**20:.1f} MiB")
         print(table(rows))
         for m in result["model"]:
             print(f"model W={m['world']:>2}: {m['modeled_s'] * 1e3:.2f} ms, {m['lookups_per_s'] / 1e9:.3f} G lookups/s, "

@@ -1,5 +1,5 @@
 """The sharded index's routing operators (csrc/distributed): partition_queries and partition_padded against a
-reference built with map_keys, searchsorted and a stable argsort; pack_answers, scatter_answers and
+reference built with map_keys, searchsorted and a stable argsort; pack_answers, place_answers and
 gather_answers against plain torch; opcheck."""
 
 from __future__ import annotations
@@ -140,19 +140,36 @@ def test_gather_answers(device, gen):
         internal.gather_answers(ans.to(device).float(), slots.to(device), 0, 0)
 
 
-def test_pack_and_scatter_answers(device, gen):
+@pytest.mark.parametrize("b_dtype", [torch.int64, torch.int32])
+def test_pack_and_place_answers(device, gen, b_dtype):
     n, m = 1000, 50
     a = torch.randint(-1, m, (n,), generator=gen).to(device)
-    b = torch.randint(0, 9, (n,), generator=gen).to(device)
+    b = torch.randint(-(2**31), 2**31, (n,), generator=gen).to(b_dtype).to(device)
+    wide = b.to(torch.int64)
     l2g = torch.sort(torch.randint(0, 10**12, (m,), generator=gen)).values.to(device)
     packed = internal.pack_answers(a, b, l2g)
     want0 = torch.where(a >= 0, l2g[a.clamp(min=0)], -1)
-    assert torch.equal(packed, torch.stack([want0, b], dim=1))
-    assert torch.equal(internal.pack_answers(a, b, l2g[:0]), torch.stack([a, b], dim=1))
+    assert torch.equal(packed, torch.stack([want0, wide], dim=1))
+    assert torch.equal(internal.pack_answers(a, b, l2g[:0]), torch.stack([a, wide], dim=1))
+    # Pieces placed into one output pair, as the sharded lookup does: columns of the packed rows (strided), and
+    # plain columns through the map; together they write every position once.
     perm = torch.randperm(n, generator=gen).to(device)
-    first, second = internal.scatter_answers(packed, perm)
-    assert torch.equal(first[perm], packed[:, 0]) and torch.equal(second[perm], packed[:, 1])
-    assert first.is_contiguous() and second.is_contiguous()
+    first = torch.full((n,), 7, dtype=torch.int64, device=device)
+    second = torch.full((n,), 7, dtype=torch.int64, device=device)
+    k = 600
+    internal.place_answers(packed[:k, 0], packed[:k, 1], l2g[:0], perm[:k], first, second)
+    internal.place_answers(a[k:], b[k:], l2g, perm[k:], first, second)
+    assert torch.equal(first[perm], want0) and torch.equal(second[perm], wide)
+    internal.place_answers(a[:0], b[:0], l2g, perm[:0], first, second)  # nothing to place
+    if device.type == "cpu":
+        with pytest.raises(RuntimeError, match="outside the outputs"):
+            internal.place_answers(a[:1], b[:1], l2g, torch.tensor([n]), first, second)
+        with pytest.raises(RuntimeError, match="past local_to_global"):
+            internal.place_answers(torch.tensor([m]), b[:1], l2g, perm[:1], first, second)
+    with pytest.raises(RuntimeError, match="first and second must be contiguous"):
+        internal.place_answers(a, b, l2g, perm, first[::2], second[::2])
+    with pytest.raises(RuntimeError, match="b must be int64 or int32"):
+        internal.place_answers(a, b.float(), l2g, perm, first, second)
 
 
 @pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64, None])
@@ -186,7 +203,12 @@ def test_opcheck(device, gen):
         (internal.partition_queries, (q, KEY_TYPES["float64"], sp, 3)),
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int64, device=device),
                                  torch.arange(20, device=device) * 3)),
-        (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
+        (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int32, device=device),
+                                 torch.arange(20, device=device)[:0])),
+        (internal.place_answers, (torch.arange(20, device=device).view(10, 2)[:, 0], torch.arange(10, dtype=torch.int32,
+                                  device=device), torch.arange(20, device=device) * 3,
+                                  torch.randperm(10, generator=gen).to(device), torch.zeros(12, dtype=torch.int64, device=device),
+                                  torch.zeros(12, dtype=torch.int64, device=device))),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
         (internal.partition_padded, (q, KEY_TYPES["float64"], sp, 70)),
         (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0)),

@@ -135,25 +135,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cpu(const at::Te
 
 // Local answers (first local row or count, count or sum bits) as the [n, 2] rows of the return exchange, local
 // row IDs made global on the way (local_to_global empty: no translation; -1 stays -1).
-at::Tensor pack_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
-  check_pack_args(a, b, local_to_global);
-  const at::Tensor ca = a.contiguous(), cb = b.contiguous(), l2g = local_to_global.contiguous();
-  const int64_t n = ca.numel(), m = l2g.numel();
-  at::Tensor out = at::empty({n, 2}, ca.options());
-  const int64_t* pa = ca.data_ptr<int64_t>();
-  const int64_t* pb = cb.data_ptr<int64_t>();
+template <typename B>
+void pack_answers_impl(const int64_t* pa, const B* pb, const at::Tensor& l2g, int64_t n, int64_t* po) {
+  const int64_t m = l2g.numel();
   const int64_t* map = l2g.data_ptr<int64_t>();
-  int64_t* po = out.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
   at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
     bool b = false;
     for (int64_t i = s; i < e; ++i) {
       po[2 * i] = m > 0 ? global_row(pa[i], map, m, 0, &b) : pa[i];  // no map: the rows are global already
-      po[2 * i + 1] = pb[i];
+      po[2 * i + 1] = static_cast<int64_t>(pb[i]);
     }
     if (b) bad.store(true, std::memory_order_relaxed);
   });
   TORCH_CHECK(!bad.load(), "pack_answers: a local row ID is past local_to_global (", m, " rows)");
+}
+
+at::Tensor pack_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
+  check_pack_args(a, b, local_to_global);
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous(), l2g = local_to_global.contiguous();
+  const int64_t n = ca.numel();
+  at::Tensor out = at::empty({n, 2}, ca.options());
+  if (cb.scalar_type() == at::kInt)
+    pack_answers_impl(ca.data_ptr<int64_t>(), cb.data_ptr<int32_t>(), l2g, n, out.data_ptr<int64_t>());
+  else
+    pack_answers_impl(ca.data_ptr<int64_t>(), cb.data_ptr<int64_t>(), l2g, n, out.data_ptr<int64_t>());
   return out;
 }
 
@@ -177,30 +183,42 @@ at::Tensor global_rows_cpu(const at::Tensor& local, const at::Tensor& local_to_g
   return out;
 }
 
-// answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
-std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
-  check_answers(answers, positions);
-  const at::Tensor ans = answers.contiguous(), pos = positions.contiguous();
-  const int64_t n = ans.size(0);
-  auto [first, second] = answer_columns(n, ans.options());
-  const int64_t* pa = ans.data_ptr<int64_t>();
+// Answer j belongs to the caller's query positions[j]: a[j] (through local_to_global unless that is empty) lands
+// at first[positions[j]], b[j] at second[positions[j]].
+template <typename B>
+void place_answers_impl(const at::Tensor& a, const at::Tensor& b, const at::Tensor& l2g, const at::Tensor& pos,
+                        at::Tensor& first, at::Tensor& second) {
+  const int64_t m = a.numel(), n = first.numel(), sa = a.stride(0), sb = b.stride(0), mm = l2g.numel();
+  const int64_t* pa = a.data_ptr<int64_t>();
+  const B* pb = b.data_ptr<B>();
+  const int64_t* map = l2g.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();
   int64_t* o1 = second.data_ptr<int64_t>();
-  std::atomic<bool> bad{false};
-  at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
+  std::atomic<bool> bad_pos{false}, bad_row{false};
+  at::parallel_for(0, m, 1 << 14, [&](int64_t s, int64_t e) {
+    bool row = false;
     for (int64_t j = s; j < e; ++j) {
       const int64_t p = pp[j];
       if (p < 0 || p >= n) {
-        bad.store(true, std::memory_order_relaxed);
+        bad_pos.store(true, std::memory_order_relaxed);
         continue;
       }
-      o0[p] = pa[2 * j];
-      o1[p] = pa[2 * j + 1];
+      o0[p] = mm > 0 ? global_row(pa[j * sa], map, mm, 0, &row) : pa[j * sa];
+      o1[p] = static_cast<int64_t>(pb[j * sb]);
     }
+    if (row) bad_row.store(true, std::memory_order_relaxed);
   });
-  TORCH_CHECK(!bad.load(), "scatter_answers: positions must be a permutation of 0 .. n - 1");
-  return {first, second};
+  TORCH_CHECK(!bad_pos.load(), "place_answers: a position is outside the outputs (", n, " entries)");
+  TORCH_CHECK(!bad_row.load(), "place_answers: a local row ID is past local_to_global (", mm, " rows)");
+}
+
+void place_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global,
+                       const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
+  check_place_args(a, b, local_to_global, positions, first, second);
+  const at::Tensor l2g = local_to_global.contiguous(), pos = positions.contiguous();
+  if (b.scalar_type() == at::kInt) place_answers_impl<int32_t>(a, b, l2g, pos, first, second);
+  else place_answers_impl<int64_t>(a, b, l2g, pos, first, second);
 }
 
 // Output j of query i: answers[slots[i], j], or fill_j for slot -1.
@@ -240,7 +258,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("gather_answers", &gather_answers_cpu);
   m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
-  m.impl("scatter_answers", &scatter_answers_cpu);
+  m.impl("place_answers", &place_answers_cpu);
 }
 
 }  // namespace rtindex

@@ -227,11 +227,12 @@ std::tuple<at::Tensor, at::Tensor> gather_answers_cuda(const at::Tensor& answers
   return {first, second};
 }
 
-__global__ void pack_answers_kernel(const int64_t* __restrict__ a, const int64_t* __restrict__ b,
+template <typename B>
+__global__ void pack_answers_kernel(const int64_t* __restrict__ a, const B* __restrict__ b,
                                     const int64_t* __restrict__ map, int64_t m, int64_t n, longlong2* __restrict__ out) {
   bool bad = false;  // past the map cannot come from a local index: answered -1 (the CPU kernel raises)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = make_longlong2(m > 0 ? global_row(a[i], map, m, 0, &bad) : a[i], b[i]);
+    out[i] = make_longlong2(m > 0 ? global_row(a[i], map, m, 0, &bad) : a[i], static_cast<int64_t>(b[i]));
 }
 
 at::Tensor pack_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global) {
@@ -241,9 +242,12 @@ at::Tensor pack_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at:
   const int64_t n = ca.numel();
   at::Tensor out = at::empty({n, 2}, ca.options());  // 16-byte aligned rows: the caching allocator aligns to 512
   if (n == 0) return out;
-  pack_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
-      ca.data_ptr<int64_t>(), cb.data_ptr<int64_t>(), l2g.data_ptr<int64_t>(), l2g.numel(), n,
-      reinterpret_cast<longlong2*>(out.data_ptr<int64_t>()));
+  const auto launch = [&](auto* pb) {
+    pack_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+        ca.data_ptr<int64_t>(), pb, l2g.data_ptr<int64_t>(), l2g.numel(), n,
+        reinterpret_cast<longlong2*>(out.data_ptr<int64_t>()));
+  };
+  if (cb.scalar_type() == at::kInt) launch(cb.data_ptr<int32_t>()); else launch(cb.data_ptr<int64_t>());
   RTX_CHECK_LAUNCH();
   return out;
 }
@@ -274,29 +278,34 @@ at::Tensor global_rows_cuda(const at::Tensor& local, const at::Tensor& local_to_
   return out;
 }
 
-__global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t n,
-                                       int64_t* __restrict__ first, int64_t* __restrict__ second) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+template <typename B>
+__global__ void place_answers_kernel(const int64_t* __restrict__ a, int64_t sa, const B* __restrict__ b, int64_t sb,
+                                     const int64_t* __restrict__ map, int64_t mm, const int64_t* __restrict__ pos,
+                                     int64_t m, int64_t n, int64_t* __restrict__ first, int64_t* __restrict__ second) {
+  bool bad = false;  // past the map cannot come from a local index: answered -1 (the CPU kernel raises)
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < m; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = pos[j];
-    if (p < 0 || p >= n) continue;  // not a permutation: the CPU kernel raises; here the write is dropped
-    const longlong2 v = ans[j];
-    first[p] = v.x;
-    second[p] = v.y;
+    if (p < 0 || p >= n) continue;  // outside the outputs: the CPU kernel raises; here the write is dropped
+    const int64_t v = a[j * sa];
+    first[p] = mm > 0 ? global_row(v, map, mm, 0, &bad) : v;
+    second[p] = static_cast<int64_t>(b[j * sb]);
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
-  check_answers(answers, positions);
-  const c10::cuda::CUDAGuard guard(answers.device());
-  const at::Tensor pos = positions.contiguous(), ans = vector_rows(answers);
-  const int64_t n = ans.size(0);
-  auto [first, second] = answer_columns(n, ans.options());
-  if (n == 0) return {first, second};
-  scatter_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
-      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), n,
-      first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+void place_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global,
+                        const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
+  check_place_args(a, b, local_to_global, positions, first, second);
+  const c10::cuda::CUDAGuard guard(a.device());
+  const at::Tensor l2g = local_to_global.contiguous(), pos = positions.contiguous();
+  const int64_t m = a.numel();
+  if (m == 0) return;
+  const auto launch = [&](auto* pb) {
+    place_answers_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
+        a.data_ptr<int64_t>(), a.stride(0), pb, b.stride(0), l2g.data_ptr<int64_t>(), l2g.numel(),
+        pos.data_ptr<int64_t>(), m, first.numel(), first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+  };
+  if (b.scalar_type() == at::kInt) launch(b.data_ptr<int32_t>()); else launch(b.data_ptr<int64_t>());
   RTX_CHECK_LAUNCH();
-  return {first, second};
 }
 
 }  // namespace
@@ -306,7 +315,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("partition_padded", &partition_padded_cuda);
   m.impl("gather_answers", &gather_answers_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
-  m.impl("scatter_answers", &scatter_answers_cuda);
+  m.impl("place_answers", &place_answers_cuda);
   m.impl("global_rows", &global_rows_cuda);
 }
 

@@ -690,20 +690,27 @@ class ShardedIndex:
                          values: torch.Tensor | None) -> torch.Tensor:
         """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits), written in one
         pass that also makes the local row IDs global (pack_answers)."""
+        return _internal().pack_answers(*self._local_columns(op, rlo, rhi, values))
+
+    def _local_columns(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None,
+                       values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Local answers as two columns and the map that makes the first one's local row IDs global (empty: none
+        to make): (first row, count) or (count, sum bits); the second column may be int32 (pack_answers and
+        place_answers widen it in their one pass)."""
         self._maybe_fault("local")
-        loc = self._local
+        loc, none = self._local, self._l2g[:0]
         if op == "range_count":  # the local index counts from positions where it can; no first row to map
-            count = loc.range_count(rlo, rhi).to(torch.int64)
-            return _internal().pack_answers(torch.full_like(count, -1), count, self._l2g[:0])
+            count = loc.range_count(rlo, rhi)
+            return torch.full(count.shape, -1, dtype=torch.int64, device=count.device), count, none
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc._spare_lookup(rlo, rhi) if self._spare_rows else None  # global rows from the shard itself
             if r is not None:
-                return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g[:0])
+                return r.first_row, r.count, none
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
-            return _internal().pack_answers(r.first_row, r.count.to(torch.int64), self._l2g)
+            return r.first_row, r.count, self._l2g
         a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
-        return _internal().pack_answers(a.count.to(torch.int64), s, self._l2g[:0])
+        return a.count.to(torch.int64), s, none
 
     def _point_chunks(self, largest: int) -> int:
         """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
@@ -720,9 +727,10 @@ class ShardedIndex:
         (partition_queries); the counts of every chunk exchanged at once (the only host synchronization before
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
-        overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
-        caller's order in one pass (scatter_answers). The first and the last rank look up their own pieces in
-        place, while the first chunk's queries are in flight, instead of exchanging them with themselves.
+        overlap the local lookups of other chunks. The answers go to the caller's order in the pass that
+        writes them (place_answers): each chunk's returned answers as soon as they land, while later chunks are
+        still looked up. The first and the last rank look up their own pieces in place, while the first chunk's
+        queries are in flight, and write those answers straight to the caller's order.
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
@@ -774,6 +782,10 @@ class ShardedIndex:
             outgoing.append((got, work, lo_c, hi_c, send, recv))
         if not overlap:
             st.mark("exchange")
+        # The answers go straight to the caller's order (place_answers): the own pieces' from their lookups, the
+        # others' from `back` (send order) as each chunk's return lands, while later chunks are still looked up.
+        first = torch.empty(n, dtype=torch.int64, device=self.device)
+        second = torch.empty(n, dtype=torch.int64, device=self.device)
         back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
         returns, err = [], None
         if own:  # first: they need no exchange, so they run while the queries of the first chunk are in flight
@@ -781,10 +793,10 @@ class ShardedIndex:
                 a = starts[c] + sum(sc[c][:r])
                 mine = keys[a:a + sc[c][r]]
                 if mine.numel():
-                    ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
-                                           lambda: failed_answers(mine.numel()))
+                    cols, e = self._guarded(lambda: self._local_columns(op, mine, None, values), lambda: None)
                     err = err or e
-                    back[a:a + mine.numel()].copy_(ans)
+                    if cols is not None:
+                        internal.place_answers(*cols, positions[a:a + mine.numel()], first, second)
         for c in range(C):
             got, work, lo_c, hi_c, send, recv = outgoing[c]
             if work is not None:
@@ -803,14 +815,17 @@ class ShardedIndex:
         if err is not None:
             failed.fill_(1)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        for work, _ in returns:
+        for c, (work, _) in enumerate(returns):
             if work is not None:
                 work.wait()
+            lo_c, hi_c = outgoing[c][2], outgoing[c][3]
+            internal.place_answers(back[lo_c:hi_c, 0], back[lo_c:hi_c, 1], self._l2g[:0], positions[lo_c:hi_c],
+                                   first, second)
         st.mark("local" if overlap else "return")
-        first, second = internal.scatter_answers(back, positions)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
-            self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
+            flags = torch.cat([back[lo_c:hi_c, count_col] for _, _, lo_c, hi_c, _, _ in outgoing]) == _FAILED
+            self._raise_failed(op, err, flags, [x for o in outgoing for x in o[4]])
         st.mark("scatter")
         return _point_answer(op, first, second, value_dtype)
 
