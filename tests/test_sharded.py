@@ -1,5 +1,5 @@
-"""ShardedIndex across processes: 2, 3 and 4 ranks with gloo on the CPU (and NCCL on two GPUs where there are
-two), every answer checked against the numpy reference over the concatenated keys (tests/sharded_worker.py)."""
+"""ShardedIndex across processes: 2, 3 and 4 ranks with gloo on the CPU (and NCCL on two GPUs, and on every GPU
+of a machine with more), every answer checked against the numpy reference over the concatenated keys (tests/sharded_worker.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,14 @@ def test_sharded_gloo_two_three_four_ranks():
 @pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
 def test_sharded_nccl_two_gpus():
     spawn(sharded_worker.run, 2, 0, "world", backend="nccl", timeout_s=120, join_timeout_s=600)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 3, reason="needs 3+ CUDA GPUs")
+def test_sharded_nccl_every_gpu():
+    """Every check through NCCL with one rank per GPU of the machine: middle ranks (neither first nor last)
+    send their own pieces through the exchange."""
+    spawn(sharded_worker.run, torch.cuda.device_count(), 0, "world", backend="nccl", timeout_s=120,
+          join_timeout_s=600)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
