@@ -51,7 +51,7 @@ def parse(argv=None):
     ap.add_argument("--strong-log-keys", type=int, default=None, help="strong scaling: keys in all (default log-keys + 1)")
     ap.add_argument("--strong-log-lookups", type=int, default=None, help="strong scaling: lookups in all (default log-lookups)")
     ap.add_argument("--log-range-lookups", type=int, default=None, help="range lookups per rank (default log-lookups - 5)")
-    ap.add_argument("--range-hits", default="4,64")
+    ap.add_argument("--range-hits", default="4,64", help='hits per range form ("": no range forms)')
     ap.add_argument("--modes", default="weak,strong")
     ap.add_argument("--slack", type=float, default=1.1, help="fixed form: query_capacity = slack * lookups / world + 64")
     ap.add_argument("--pipeline", type=int, default=4, help="chunks of the pipelined point lookups (lookup_pipelined)")
@@ -245,6 +245,8 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     idx = single = queries = all_queries = None  # freed before the range indexes are built (closures hold the names)
     if dev.type == "cuda":
         torch.cuda.empty_cache()
+    if not hits:  # --range-hits "": point lookups only
+        return out
 
     # Ranges of h hits over dense keys: the keys 0 .. N-1 dealt out at random; ranges [k, k + h - 1].
     N = n * world
