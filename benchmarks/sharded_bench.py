@@ -142,6 +142,27 @@ def kernel_trace(fn, rank: int) -> None:
         fn()
         torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="device_time_total", row_limit=14, max_name_column_width=60))
+    print_timeline(prof)
+
+
+def print_timeline(prof) -> None:
+    """The call's kernels and copies in start order: stream, start and end (ms from the first), name. Shows what
+    overlapped and where a stream waited."""
+    import json
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name)).get("traceEvents", [])
+    dev = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not dev:
+        return
+    t0 = min(e["ts"] for e in dev)
+    print("timeline (stream  start ms  end ms  name):")
+    for e in sorted(dev, key=lambda e: e["ts"]):
+        name = re.sub(r"\(.*", "", e["name"]).replace("void ", "").split("<")[0].split("::")[-1][:48]
+        print(f"  {str(e.get('tid')):>6s} {(e['ts'] - t0) / 1e3:8.3f} {(e['ts'] + e['dur'] - t0) / 1e3:8.3f}  {name}")
 
 
 def keys_for(rank: int, n: int, dev, seed: int) -> torch.Tensor:
