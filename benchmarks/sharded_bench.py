@@ -161,7 +161,8 @@ def print_timeline(prof) -> None:
     t0 = min(e["ts"] for e in dev)
     print("timeline (stream  start ms  end ms  name):")
     for e in sorted(dev, key=lambda e: e["ts"]):
-        name = re.sub(r"\(.*", "", e["name"]).replace("void ", "").split("<")[0].split("::")[-1][:48]
+        name = re.split(r"[(<]", e["name"].replace("(anonymous namespace)::", "").replace("void ", ""))[0]
+        name = name.split("::")[-1][:48]
         print(f"  {str(e.get('tid')):>6s} {(e['ts'] - t0) / 1e3:8.3f} {(e['ts'] + e['dur'] - t0) / 1e3:8.3f}  {name}")
 
 

@@ -15,6 +15,8 @@ any data moves, and the index stays as it was.
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -252,6 +254,7 @@ class ShardedIndex:
         self._check_s = 0.0
         self._last_stats: dict[str, Any] = {}
         self._values_cache: tuple | None = None
+        self._side: torch.cuda.Stream | None = None  # made on first use (_place_stream)
         # Every header goes on the device the group's object collectives use, chosen from the group alone,
         # never from a rank's inputs: a rank whose inputs are bad (a state without tensors, keys on the CPU
         # under NCCL) still posts its header on a device the backend serves, and raises with the others.
@@ -712,6 +715,12 @@ class ShardedIndex:
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
         return a.count.to(torch.int64), s, none
 
+    def _place_stream(self) -> torch.cuda.Stream:
+        """The side stream the pipelined point lookups put answers in the caller's order on (made once)."""
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
+        return self._side
+
     def _point_chunks(self, largest: int) -> int:
         """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
         pipeline setting, at least MIN_CHUNK_QUERIES of the ``largest`` rank's batch per chunk. The same on every
@@ -782,23 +791,38 @@ class ShardedIndex:
             outgoing.append((got, work, lo_c, hi_c, send, recv))
         if not overlap:
             st.mark("exchange")
-        # The answers go straight to the caller's order (place_answers): the own pieces' from their lookups, the
-        # others' from `back` (send order) as each chunk's return lands, while later chunks are still looked up.
+        # Chunk by chunk: the own piece looked up (while the chunk's queries are in flight) and its answers put in
+        # `back` (send order), the received queries looked up and their answers sent back into `back`; once a
+        # chunk's answers are all in, one place_answers pass puts them in the caller's order. A chunk's pieces are
+        # interleaved in the caller's order, so one pass over the whole chunk writes whole sectors (a pass per
+        # piece would write each sector in parts). With several chunks on CUDA that pass runs on a side stream
+        # as soon as the chunk's return lands, while later chunks are looked up on this one.
         first = torch.empty(n, dtype=torch.int64, device=self.device)
         second = torch.empty(n, dtype=torch.int64, device=self.device)
         back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
+        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" and overlap else None
+        side = self._place_stream() if main is not None else None
+
+        def place(c: int, work) -> None:
+            lo_c, hi_c = starts[c], starts[c + 1]
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                if side is not None:
+                    side.wait_stream(main)  # the chunk's own answers are in `back`
+                if work is not None:
+                    work.wait()  # its return landed (the current stream waits: the side one)
+                internal.place_answers(back[lo_c:hi_c, 0], back[lo_c:hi_c, 1], self._l2g[:0], positions[lo_c:hi_c],
+                                       first, second)
+
         returns, err = [], None
-        if own:  # first: they need no exchange, so they run while the queries of the first chunk are in flight
-            for c in range(C):
-                a = starts[c] + sum(sc[c][:r])
-                mine = keys[a:a + sc[c][r]]
-                if mine.numel():
-                    cols, e = self._guarded(lambda: self._local_columns(op, mine, None, values), lambda: None)
-                    err = err or e
-                    if cols is not None:
-                        internal.place_answers(*cols, positions[a:a + mine.numel()], first, second)
         for c in range(C):
             got, work, lo_c, hi_c, send, recv = outgoing[c]
+            if own and sc[c][r]:  # needs no exchange: runs while the chunk's queries are in flight
+                a = starts[c] + sum(sc[c][:r])
+                mine = keys[a:a + sc[c][r]]
+                ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
+                                       lambda: failed_answers(mine.numel()))
+                err = err or e
+                back[a:a + mine.numel()].copy_(ans)
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
@@ -810,18 +834,20 @@ class ShardedIndex:
             work = dist.all_to_all_single(dest, ans, send, recv, group=self.group, async_op=overlap)
             st.moved(ans, dest, recv)
             returns.append((work, ans))  # ans stays referenced until its send is done
+            if side is not None:
+                place(c, work)
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
         if err is not None:
             failed.fill_(1)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        for c, (work, _) in enumerate(returns):
-            if work is not None:
-                work.wait()
-            lo_c, hi_c = outgoing[c][2], outgoing[c][3]
-            internal.place_answers(back[lo_c:hi_c, 0], back[lo_c:hi_c, 1], self._l2g[:0], positions[lo_c:hi_c],
-                                   first, second)
-        st.mark("local" if overlap else "return")
+        if side is not None:
+            main.wait_stream(side)  # the answers (and the buffers the side stream read) are this stream's again
+            st.mark("local")
+        else:  # on the CPU waiting for a return right after posting it would stall the lookups behind it
+            st.mark("local" if overlap else "return")
+            for c, (work, _) in enumerate(returns):
+                place(c, work)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
             flags = torch.cat([back[lo_c:hi_c, count_col] for _, _, lo_c, hi_c, _, _ in outgoing]) == _FAILED
