@@ -780,17 +780,6 @@ class ShardedIndex:
         # The queries travel while the own pieces are looked up, also in one chunk (unless profiling, which
         # times the exchange as a stage of its own).
         flight = overlap or not st.on
-        outgoing = []
-        for c in range(C):
-            lo_c, hi_c, send = remote(c, sc[c])
-            _, _, recv = remote(c, rc[c])
-            part = keys[lo_c:hi_c]
-            got = keys.new_empty(sum(recv))
-            work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=flight)
-            st.moved(part, got, send)
-            outgoing.append((got, work, lo_c, hi_c, send, recv))
-        if not overlap:
-            st.mark("exchange")
         # Chunk by chunk: the own piece looked up (while the chunk's queries are in flight) and its answers put in
         # `back` (send order), the received queries looked up and their answers sent back into `back`; once a
         # chunk's answers are all in, one place_answers pass puts them in the caller's order. A chunk's pieces are
@@ -803,6 +792,17 @@ class ShardedIndex:
         main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" and overlap else None
         side = self._place_stream() if main is not None else None
 
+        def own_piece(c: int) -> BaseException | None:
+            """Chunk c's own piece (none on middle ranks) looked up and its answers put in `back`; its error."""
+            if not own or not sc[c][r]:
+                return None
+            a = starts[c] + sum(sc[c][:r])
+            mine = keys[a:a + sc[c][r]]
+            ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
+                                   lambda: failed_answers(mine.numel()))
+            back[a:a + mine.numel()].copy_(ans)
+            return e
+
         def place(c: int, work) -> None:
             lo_c, hi_c = starts[c], starts[c + 1]
             with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
@@ -813,16 +813,25 @@ class ShardedIndex:
                 internal.place_answers(back[lo_c:hi_c, 0], back[lo_c:hi_c, 1], self._l2g[:0], positions[lo_c:hi_c],
                                        first, second)
 
-        returns, err = [], None
+        outgoing, err = [], None
+        for c in range(C):
+            lo_c, hi_c, send = remote(c, sc[c])
+            _, _, recv = remote(c, rc[c])
+            part = keys[lo_c:hi_c]
+            got = keys.new_empty(sum(recv))
+            work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=flight)
+            st.moved(part, got, send)
+            outgoing.append((got, work, lo_c, hi_c, send, recv))
+            if c == 0 and flight:  # the first own piece goes to the device now, not after every chunk is posted
+                err = own_piece(0)
+        if not overlap:
+            st.mark("exchange")
+        returns = []
         for c in range(C):
             got, work, lo_c, hi_c, send, recv = outgoing[c]
-            if own and sc[c][r]:  # needs no exchange: runs while the chunk's queries are in flight
-                a = starts[c] + sum(sc[c][:r])
-                mine = keys[a:a + sc[c][r]]
-                ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
-                                       lambda: failed_answers(mine.numel()))
+            if c or not flight:  # needs no exchange: runs while the chunk's queries are in flight
+                e = own_piece(c)
                 err = err or e
-                back[a:a + mine.numel()].copy_(ans)
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
