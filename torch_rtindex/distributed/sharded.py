@@ -15,8 +15,6 @@ any data moves, and the index stays as it was.
 
 from __future__ import annotations
 
-import contextlib
-
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -254,7 +252,6 @@ class ShardedIndex:
         self._check_s = 0.0
         self._last_stats: dict[str, Any] = {}
         self._values_cache: tuple | None = None
-        self._side: torch.cuda.Stream | None = None  # made on first use (_place_stream)
         # Every header goes on the device the group's object collectives use, chosen from the group alone,
         # never from a rank's inputs: a rank whose inputs are bad (a state without tensors, keys on the CPU
         # under NCCL) still posts its header on a device the backend serves, and raises with the others.
@@ -715,12 +712,6 @@ class ShardedIndex:
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
         return a.count.to(torch.int64), s, none
 
-    def _place_stream(self) -> torch.cuda.Stream:
-        """The side stream the pipelined point lookups put answers in the caller's order on (made once)."""
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        return self._side
-
     def _point_chunks(self, largest: int) -> int:
         """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
         pipeline setting, at least MIN_CHUNK_QUERIES of the ``largest`` rank's batch per chunk. The same on every
@@ -736,10 +727,9 @@ class ShardedIndex:
         (partition_queries); the counts of every chunk exchanged at once (the only host synchronization before
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
-        overlap the local lookups of other chunks. The answers go to the caller's order in the pass that
-        writes them (place_answers): each chunk's returned answers as soon as they land, while later chunks are
-        still looked up. The first and the last rank look up their own pieces in place, while the first chunk's
-        queries are in flight, and write those answers straight to the caller's order.
+        overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
+        caller's order in one pass (place_answers). The first and the last rank look up their own pieces in
+        place, each while its chunk's queries are in flight, instead of exchanging them with themselves.
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
@@ -781,16 +771,10 @@ class ShardedIndex:
         # times the exchange as a stage of its own).
         flight = overlap or not st.on
         # Chunk by chunk: the own piece looked up (while the chunk's queries are in flight) and its answers put in
-        # `back` (send order), the received queries looked up and their answers sent back into `back`; once a
-        # chunk's answers are all in, one place_answers pass puts them in the caller's order. A chunk's pieces are
-        # interleaved in the caller's order, so one pass over the whole chunk writes whole sectors (a pass per
-        # piece would write each sector in parts). With several chunks on CUDA that pass runs on a side stream
-        # as soon as the chunk's return lands, while later chunks are looked up on this one.
-        first = torch.empty(n, dtype=torch.int64, device=self.device)
-        second = torch.empty(n, dtype=torch.int64, device=self.device)
+        # `back` (send order), the received queries looked up and their answers sent back into `back`; then one
+        # place_answers pass puts every answer in the caller's order. (Placing each chunk on a side stream as its
+        # return landed measured the same: the lookups keep this stream busy to the end; results README.)
         back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
-        main = torch.cuda.current_stream(self.device) if self.device.type == "cuda" and overlap else None
-        side = self._place_stream() if main is not None else None
 
         def own_piece(c: int) -> BaseException | None:
             """Chunk c's own piece (none on middle ranks) looked up and its answers put in `back`; its error."""
@@ -803,16 +787,6 @@ class ShardedIndex:
             back[a:a + mine.numel()].copy_(ans)
             return e
 
-        def place(c: int, work) -> None:
-            lo_c, hi_c = starts[c], starts[c + 1]
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                if side is not None:
-                    side.wait_stream(main)  # the chunk's own answers are in `back`
-                if work is not None:
-                    work.wait()  # its return landed (the current stream waits: the side one)
-                internal.place_answers(back[lo_c:hi_c, 0], back[lo_c:hi_c, 1], self._l2g[:0], positions[lo_c:hi_c],
-                                       first, second)
-
         outgoing, err = [], None
         for c in range(C):
             lo_c, hi_c, send = remote(c, sc[c])
@@ -822,16 +796,13 @@ class ShardedIndex:
             work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=flight)
             st.moved(part, got, send)
             outgoing.append((got, work, lo_c, hi_c, send, recv))
-            if c == 0 and flight:  # the first own piece goes to the device now, not after every chunk is posted
-                err = own_piece(0)
         if not overlap:
             st.mark("exchange")
         returns = []
         for c in range(C):
             got, work, lo_c, hi_c, send, recv = outgoing[c]
-            if c or not flight:  # needs no exchange: runs while the chunk's queries are in flight
-                e = own_piece(c)
-                err = err or e
+            e = own_piece(c)  # needs no exchange: runs while the chunk's queries are in flight
+            err = err or e
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
@@ -843,24 +814,21 @@ class ShardedIndex:
             work = dist.all_to_all_single(dest, ans, send, recv, group=self.group, async_op=overlap)
             st.moved(ans, dest, recv)
             returns.append((work, ans))  # ans stays referenced until its send is done
-            if side is not None:
-                place(c, work)
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
         if err is not None:
             failed.fill_(1)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        if side is not None:
-            main.wait_stream(side)  # the answers (and the buffers the side stream read) are this stream's again
-            st.mark("local")
-        else:  # on the CPU waiting for a return right after posting it would stall the lookups behind it
-            st.mark("local" if overlap else "return")
-            for c, (work, _) in enumerate(returns):
-                place(c, work)
+        for work, _ in returns:
+            if work is not None:
+                work.wait()
+        st.mark("local" if overlap else "return")
+        first = torch.empty(n, dtype=torch.int64, device=self.device)
+        second = torch.empty(n, dtype=torch.int64, device=self.device)
+        internal.place_answers(back[:, 0], back[:, 1], self._l2g[:0], positions, first, second)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
-            flags = torch.cat([back[lo_c:hi_c, count_col] for _, _, lo_c, hi_c, _, _ in outgoing]) == _FAILED
-            self._raise_failed(op, err, flags, [x for o in outgoing for x in o[4]])
+            self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
         st.mark("scatter")
         return _point_answer(op, first, second, value_dtype)
 
