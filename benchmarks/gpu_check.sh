@@ -33,7 +33,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 # The benchmarks' own JIT extensions (hash table, gather floor) build in the build folder too (baselines/), so a
 # warm machine reuses them, under the package's build lock: a build killed by a `timeout` blocks no later one.
-commit="${RTINDEX_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+# "-dirty": the tree is not that commit (the device machine's copy can carry a stale .git: pass RTINDEX_COMMIT).
+commit="${RTINDEX_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
 export RTINDEX_COMMIT="$commit"
 gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '_')"
 out="${OUT:-benchmarks/results/$gpu}"

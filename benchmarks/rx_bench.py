@@ -147,10 +147,11 @@ def cpu_name() -> str:
 
 
 def git_commit() -> str:
-    if os.environ.get("RTINDEX_COMMIT"):  # the device machine gets a copy of the tree without .git
+    if os.environ.get("RTINDEX_COMMIT"):  # the device machine's copy may have no .git, or a stale one
         return os.environ["RTINDEX_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
+    try:  # "-dirty": the tree is not that commit (a stale .git on the device machine reads so too)
+        return subprocess.check_output(["git", "describe", "--always", "--dirty", "--abbrev=7"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
     except Exception:
         return "unknown"
 
