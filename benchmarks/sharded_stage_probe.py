@@ -6,7 +6,7 @@ costs against its memory floor. No NCCL: what the stages do between the exchange
 
 Rows: the local CgRXIndex lookup; the same with the local row IDs made global (pack_answers over a monotone
 int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); place_answers of
-the answers back to the callers' order (from returned rows, from a lookup's columns, and a random permutation); a one-GPU lookup of twice the keys and queries (the weak-scaling
+the answers back to the callers' order (and of a random permutation); a one-GPU lookup of twice the keys and queries (the weak-scaling
 baseline). Prints a table and writes JSON (sharded_probe_<commit>.json) to --out-dir or
 benchmarks/results/<GPU>/.
 """
@@ -71,13 +71,11 @@ def main(argv=None) -> None:
     _, positions, _ = part
     back = torch.stack([res.first_row, count], dim=1)
     first, second = torch.empty_like(count), torch.empty_like(count)
-    place = lambda a, b, p: internal.place_answers(a, b, l2g[:0], p, first, second)  # noqa: E731
-    ms, _ = timed(lambda: place(back[:, 0], back[:, 1], positions), args.repeats, device=dev)
-    row("place_answers, returned rows -> callers'", ms, nq * (16 + 8 + 16))
-    ms, _ = timed(lambda: place(res.first_row, res.count, positions), args.repeats, device=dev)
-    row("place_answers, lookup columns -> callers'", ms, nq * (8 + 4 + 8 + 16))
+    place = lambda p: internal.place_answers(back[:, 0], back[:, 1], p, first, second)  # noqa: E731
+    ms, _ = timed(lambda: place(positions), args.repeats, device=dev)
+    row("place_answers (partition order -> callers')", ms, nq * (16 + 8 + 16))
     perm = torch.randperm(nq, device=dev, generator=gen)
-    ms, _ = timed(lambda: place(back[:, 0], back[:, 1], perm), args.repeats, device=dev)
+    ms, _ = timed(lambda: place(perm), args.repeats, device=dev)
     row("place_answers, random permutation", ms, nq * (16 + 8 + 16))
     inv = torch.empty_like(positions).index_copy_(0, positions, torch.arange(nq, device=dev))
     ms, _ = timed(lambda: back.index_select(0, inv), args.repeats, device=dev)

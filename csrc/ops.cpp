@@ -194,12 +194,10 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
   // local_to_global unless that is empty.
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");
-  // Answers to the caller's order, in place: a[j] (int64, through local_to_global unless that is empty) lands at
-  // first[positions[j]], b[j] (int64 or int32, widened) at second[positions[j]]; a and b may be strided (the
-  // columns of the [m, 2] rows of a return exchange). A position outside the outputs raises on the CPU and is
-  // dropped on CUDA.
-  m.def("place_answers(Tensor a, Tensor b, Tensor local_to_global, Tensor positions, Tensor(a!) first, "
-        "Tensor(b!) second) -> ()");
+  // Answers to the caller's order, in place: a[j] lands at first[positions[j]], b[j] at second[positions[j]]
+  // (int64; a and b may be strided: the columns of the [m, 2] rows of a return exchange). A position outside the
+  // outputs raises on the CPU and is dropped on CUDA.
+  m.def("place_answers(Tensor a, Tensor b, Tensor positions, Tensor(a!) first, Tensor(b!) second) -> ()");
   // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
   // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.
   m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");

@@ -151,25 +151,23 @@ def test_pack_and_place_answers(device, gen, b_dtype):
     want0 = torch.where(a >= 0, l2g[a.clamp(min=0)], -1)
     assert torch.equal(packed, torch.stack([want0, wide], dim=1))
     assert torch.equal(internal.pack_answers(a, b, l2g[:0]), torch.stack([a, wide], dim=1))
-    # Pieces placed into one output pair, as the sharded lookup does: columns of the packed rows (strided), and
-    # plain columns through the map; together they write every position once.
+    # The packed rows' columns (strided) placed into the caller's order in two pieces: every position once.
     perm = torch.randperm(n, generator=gen).to(device)
     first = torch.full((n,), 7, dtype=torch.int64, device=device)
     second = torch.full((n,), 7, dtype=torch.int64, device=device)
-    k = 600
-    internal.place_answers(packed[:k, 0], packed[:k, 1], l2g[:0], perm[:k], first, second)
-    internal.place_answers(a[k:], b[k:], l2g, perm[k:], first, second)
+    for piece in (slice(0, 600), slice(600, n)):
+        internal.place_answers(packed[piece, 0], packed[piece, 1], perm[piece], first, second)
     assert torch.equal(first[perm], want0) and torch.equal(second[perm], wide)
-    internal.place_answers(a[:0], b[:0], l2g, perm[:0], first, second)  # nothing to place
+    internal.place_answers(a[:0], a[:0], perm[:0], first, second)  # nothing to place
     if device.type == "cpu":
         with pytest.raises(RuntimeError, match="outside the outputs"):
-            internal.place_answers(a[:1], b[:1], l2g, torch.tensor([n]), first, second)
-        with pytest.raises(RuntimeError, match="past local_to_global"):
-            internal.place_answers(torch.tensor([m]), b[:1], l2g, perm[:1], first, second)
+            internal.place_answers(a[:1], a[:1], torch.tensor([n]), first, second)
     with pytest.raises(RuntimeError, match="first and second must be contiguous"):
-        internal.place_answers(a, b, l2g, perm, first[::2], second[::2])
+        internal.place_answers(a, a, perm, first[::2], second[::2])
+    with pytest.raises(RuntimeError, match="a and b must be 1-D int64"):
+        internal.place_answers(a, b.to(torch.int32), perm, first, second)
     with pytest.raises(RuntimeError, match="b must be int64 or int32"):
-        internal.place_answers(a, b.float(), l2g, perm, first, second)
+        internal.pack_answers(a, b.float(), l2g)
 
 
 @pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64, None])
@@ -205,8 +203,8 @@ def test_opcheck(device, gen):
                                  torch.arange(20, device=device) * 3)),
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int32, device=device),
                                  torch.arange(20, device=device)[:0])),
-        (internal.place_answers, (torch.arange(20, device=device).view(10, 2)[:, 0], torch.arange(10, dtype=torch.int32,
-                                  device=device), torch.arange(20, device=device) * 3,
+        (internal.place_answers, (torch.arange(20, device=device).view(10, 2)[:, 0],
+                                  torch.arange(20, device=device).view(10, 2)[:, 1],
                                   torch.randperm(10, generator=gen).to(device), torch.zeros(12, dtype=torch.int64, device=device),
                                   torch.zeros(12, dtype=torch.int64, device=device))),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),

@@ -217,5 +217,5 @@ def _(local, local_to_global, base):
 
 
 @register_fake("rtindex_internal::place_answers")
-def _(a, b, local_to_global, positions, first, second):
+def _(a, b, positions, first, second):
     return None

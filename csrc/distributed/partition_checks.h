@@ -48,24 +48,20 @@ inline std::tuple<at::Tensor, at::Tensor> answer_columns(int64_t n, const at::Te
   return {at::empty({n}, options), at::empty({n}, options)};
 }
 
-// place_answers: columns a (int64) and b (int64 or int32) of m answers, possibly strided; positions [m]; the
-// outputs first and second [n] int64, contiguous.
-inline void check_place_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global,
-                             const at::Tensor& positions, const at::Tensor& first, const at::Tensor& second) {
-  TORCH_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel(), "a and b must be 1-D of one length");
-  TORCH_CHECK(a.scalar_type() == at::kLong, "a must be int64, got ", a.scalar_type());
-  TORCH_CHECK(b.scalar_type() == at::kLong || b.scalar_type() == at::kInt, "b must be int64 or int32, got ",
-              b.scalar_type());
-  TORCH_CHECK(local_to_global.dim() == 1 && local_to_global.scalar_type() == at::kLong,
-              "local_to_global must be a 1-D int64 tensor");
+// place_answers: two int64 columns of m answers, possibly strided (the columns of [m, 2] rows); positions [m];
+// the outputs first and second [n] int64, contiguous.
+inline void check_place_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions,
+                             const at::Tensor& first, const at::Tensor& second) {
+  TORCH_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel() && a.scalar_type() == at::kLong &&
+                  b.scalar_type() == at::kLong,
+              "a and b must be 1-D int64 tensors of one length");
   TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == a.numel(),
               "positions must be a 1-D int64 tensor with one entry per answer");
   TORCH_CHECK(first.dim() == 1 && second.dim() == 1 && first.numel() == second.numel() &&
                   first.scalar_type() == at::kLong && second.scalar_type() == at::kLong && first.is_contiguous() &&
                   second.is_contiguous(),
               "first and second must be contiguous 1-D int64 tensors of one length");
-  for (const at::Tensor* t : {&b, &local_to_global, &positions, &first, &second})
-    check_same_device(a, *t, "a", "the other arguments");
+  for (const at::Tensor* t : {&b, &positions, &first, &second}) check_same_device(a, *t, "a", "the other arguments");
 }
 
 inline void check_global_rows_args(const at::Tensor& local, const at::Tensor& local_to_global) {

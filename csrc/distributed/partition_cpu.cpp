@@ -183,42 +183,31 @@ at::Tensor global_rows_cpu(const at::Tensor& local, const at::Tensor& local_to_g
   return out;
 }
 
-// Answer j belongs to the caller's query positions[j]: a[j] (through local_to_global unless that is empty) lands
-// at first[positions[j]], b[j] at second[positions[j]].
-template <typename B>
-void place_answers_impl(const at::Tensor& a, const at::Tensor& b, const at::Tensor& l2g, const at::Tensor& pos,
-                        at::Tensor& first, at::Tensor& second) {
-  const int64_t m = a.numel(), n = first.numel(), sa = a.stride(0), sb = b.stride(0), mm = l2g.numel();
+// Answer j belongs to the caller's query positions[j]: a[j] lands at first[positions[j]], b[j] at
+// second[positions[j]].
+void place_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions, at::Tensor& first,
+                       at::Tensor& second) {
+  check_place_args(a, b, positions, first, second);
+  const at::Tensor pos = positions.contiguous();
+  const int64_t m = a.numel(), n = first.numel(), sa = a.stride(0), sb = b.stride(0);
   const int64_t* pa = a.data_ptr<int64_t>();
-  const B* pb = b.data_ptr<B>();
-  const int64_t* map = l2g.data_ptr<int64_t>();
+  const int64_t* pb = b.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();
   int64_t* o1 = second.data_ptr<int64_t>();
-  std::atomic<bool> bad_pos{false}, bad_row{false};
+  std::atomic<bool> bad{false};
   at::parallel_for(0, m, 1 << 14, [&](int64_t s, int64_t e) {
-    bool row = false;
     for (int64_t j = s; j < e; ++j) {
       const int64_t p = pp[j];
       if (p < 0 || p >= n) {
-        bad_pos.store(true, std::memory_order_relaxed);
+        bad.store(true, std::memory_order_relaxed);
         continue;
       }
-      o0[p] = mm > 0 ? global_row(pa[j * sa], map, mm, 0, &row) : pa[j * sa];
-      o1[p] = static_cast<int64_t>(pb[j * sb]);
+      o0[p] = pa[j * sa];
+      o1[p] = pb[j * sb];
     }
-    if (row) bad_row.store(true, std::memory_order_relaxed);
   });
-  TORCH_CHECK(!bad_pos.load(), "place_answers: a position is outside the outputs (", n, " entries)");
-  TORCH_CHECK(!bad_row.load(), "place_answers: a local row ID is past local_to_global (", mm, " rows)");
-}
-
-void place_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global,
-                       const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
-  check_place_args(a, b, local_to_global, positions, first, second);
-  const at::Tensor l2g = local_to_global.contiguous(), pos = positions.contiguous();
-  if (b.scalar_type() == at::kInt) place_answers_impl<int32_t>(a, b, l2g, pos, first, second);
-  else place_answers_impl<int64_t>(a, b, l2g, pos, first, second);
+  TORCH_CHECK(!bad.load(), "place_answers: a position is outside the outputs (", n, " entries)");
 }
 
 // Output j of query i: answers[slots[i], j], or fill_j for slot -1.

@@ -278,33 +278,27 @@ at::Tensor global_rows_cuda(const at::Tensor& local, const at::Tensor& local_to_
   return out;
 }
 
-template <typename B>
-__global__ void place_answers_kernel(const int64_t* __restrict__ a, int64_t sa, const B* __restrict__ b, int64_t sb,
-                                     const int64_t* __restrict__ map, int64_t mm, const int64_t* __restrict__ pos,
-                                     int64_t m, int64_t n, int64_t* __restrict__ first, int64_t* __restrict__ second) {
-  bool bad = false;  // past the map cannot come from a local index: answered -1 (the CPU kernel raises)
+__global__ void place_answers_kernel(const int64_t* __restrict__ a, int64_t sa, const int64_t* __restrict__ b,
+                                     int64_t sb, const int64_t* __restrict__ pos, int64_t m, int64_t n,
+                                     int64_t* __restrict__ first, int64_t* __restrict__ second) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < m; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = pos[j];
     if (p < 0 || p >= n) continue;  // outside the outputs: the CPU kernel raises; here the write is dropped
-    const int64_t v = a[j * sa];
-    first[p] = mm > 0 ? global_row(v, map, mm, 0, &bad) : v;
-    second[p] = static_cast<int64_t>(b[j * sb]);
+    first[p] = a[j * sa];
+    second[p] = b[j * sb];
   }
 }
 
-void place_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& local_to_global,
-                        const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
-  check_place_args(a, b, local_to_global, positions, first, second);
+void place_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions, at::Tensor& first,
+                        at::Tensor& second) {
+  check_place_args(a, b, positions, first, second);
   const c10::cuda::CUDAGuard guard(a.device());
-  const at::Tensor l2g = local_to_global.contiguous(), pos = positions.contiguous();
+  const at::Tensor pos = positions.contiguous();
   const int64_t m = a.numel();
   if (m == 0) return;
-  const auto launch = [&](auto* pb) {
-    place_answers_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
-        a.data_ptr<int64_t>(), a.stride(0), pb, b.stride(0), l2g.data_ptr<int64_t>(), l2g.numel(),
-        pos.data_ptr<int64_t>(), m, first.numel(), first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
-  };
-  if (b.scalar_type() == at::kInt) launch(b.data_ptr<int32_t>()); else launch(b.data_ptr<int64_t>());
+  place_answers_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
+      a.data_ptr<int64_t>(), a.stride(0), b.data_ptr<int64_t>(), b.stride(0), pos.data_ptr<int64_t>(), m,
+      first.numel(), first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
   RTX_CHECK_LAUNCH();
 }
 

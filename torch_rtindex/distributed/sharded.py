@@ -689,28 +689,21 @@ class ShardedIndex:
     def _local_per_query(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None,
                          values: torch.Tensor | None) -> torch.Tensor:
         """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits), written in one
-        pass that also makes the local row IDs global (pack_answers)."""
-        return _internal().pack_answers(*self._local_columns(op, rlo, rhi, values))
-
-    def _local_columns(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None,
-                       values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Local answers as two columns and the map that makes the first one's local row IDs global (empty: none
-        to make): (first row, count) or (count, sum bits); the second column may be int32 (pack_answers and
-        place_answers widen it in their one pass)."""
+        pass that also makes the local row IDs global and widens an int32 count (pack_answers)."""
         self._maybe_fault("local")
-        loc, none = self._local, self._l2g[:0]
+        loc, pack, none = self._local, _internal().pack_answers, self._l2g[:0]
         if op == "range_count":  # the local index counts from positions where it can; no first row to map
             count = loc.range_count(rlo, rhi)
-            return torch.full(count.shape, -1, dtype=torch.int64, device=count.device), count, none
+            return pack(torch.full(count.shape, -1, dtype=torch.int64, device=count.device), count, none)
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc._spare_lookup(rlo, rhi) if self._spare_rows else None  # global rows from the shard itself
             if r is not None:
-                return r.first_row, r.count, none
+                return pack(r.first_row, r.count, none)
             r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
-            return r.first_row, r.count, self._l2g
+            return pack(r.first_row, r.count, self._l2g)
         a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
-        return a.count.to(torch.int64), s, none
+        return pack(a.count.to(torch.int64), s, none)
 
     def _point_chunks(self, largest: int) -> int:
         """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
@@ -825,7 +818,7 @@ class ShardedIndex:
         st.mark("local" if overlap else "return")
         first = torch.empty(n, dtype=torch.int64, device=self.device)
         second = torch.empty(n, dtype=torch.int64, device=self.device)
-        internal.place_answers(back[:, 0], back[:, 1], self._l2g[:0], positions, first, second)
+        internal.place_answers(back[:, 0], back[:, 1], positions, first, second)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
             self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
