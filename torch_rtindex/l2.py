@@ -7,7 +7,9 @@ transaction like the line itself (``benchmarks/results/README.md``). CUDA can se
 their table persisting (a launch attribute of their kernel: the caller's streams keep their own settings).
 
 The set-aside is a device-wide CUDA setting (``cudaLimitPersistingL2CacheSize``): it lasts until changed, and
-other code's persisting accesses share it. Normal accesses may use set-aside lines no persisting access holds.
+other code's persisting accesses share it. Normal accesses may use set-aside lines no persisting access holds,
+yet other kernels can run markedly slower while it is set (the sharded index's streaming passes did:
+``benchmarks/results/README.md``): use it where radix lookups dominate the GPU's time.
 """
 
 from __future__ import annotations
