@@ -20,7 +20,7 @@
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
-#   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all, L2 set aside on every rank
+#   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
 # The build lands in .build (TORCH_RTINDEX_BUILD_DIR), so a warm machine reuses it across stages.
@@ -116,15 +116,15 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | log "sharded_$commit.log"
     ;;
   scaling)
-    # A machine of 2+ GPUs: the bench on the first two GPUs and on all of them (weak, then strong at the issue's
-    # sizes), the most L2 each GPU allows set aside for the radix tables on every rank (baseline too).
+    # A machine of 2+ GPUs: the bench on the first two GPUs and on all of them (weak, then strong at the issues'
+    # sizes: 2^(26 + W/2) keys and lookups in all). No L2 set-aside: it slowed the ranks' other kernels.
     n="$(nvidia-smi -L | wc -l)"
     { header "sharded scaling, $n GPUs"
       for w in $(printf "%s\n" 2 "$n" | sort -un); do
         devs="$(seq -s, 0 $((w - 1)))"
         CUDA_VISIBLE_DEVICES="$devs" torchrun --nproc-per-node="$w" benchmarks/sharded_bench.py --modes weak,strong \
           --strong-log-keys $((26 + w / 2)) --strong-log-lookups $((26 + w / 2)) --pipeline 8 --nccl-high-priority \
-          --reserve-l2 --repeats 3 ${SCALING_ARGS:-} --out-dir "$out/w$w"
+          --repeats 3 ${SCALING_ARGS:-} --out-dir "$out/w$w"
         echo "rc=$? (world $w)"
       done; } 2>&1 | log "sharded_scaling_$commit.log"
     ;;
