@@ -7,8 +7,9 @@ slowest rank, median of --repeats), throughput, speedup over one GPU, then one p
 stages (check: the call header's round trip; partition, exchange, local lookup, return, scatter; the device is
 synchronized between stages, so they add up to more than the unprofiled time; pipelined calls count their
 overlapped exchanges, local lookups and returns as "local") and the bytes this rank sent to other ranks next to
-the NVLink floor (bytes / 370 GB/s, NCCL's all-to-all rate on NVLink 4). Rank 0 checks its sharded answers
-against the single-GPU index.
+the NVLink floor (bytes / 370 GB/s, NCCL's all-to-all rate on NVLink 4), and plain all-to-alls of the same
+bytes in the same run (what NCCL itself reaches for them). Rank 0 checks its sharded answers against the
+single-GPU index.
 
     torchrun --nproc-per-node=2 benchmarks/sharded_bench.py          # or: python benchmarks/sharded_bench.py --world 2
     python benchmarks/sharded_bench.py --device cpu --world 2 --log-keys 12 --log-lookups 12   # gloo smoke test
@@ -99,6 +100,20 @@ def time_collective(fn, dev, repeats: int) -> float:
         sync(dev)
         times.append(slowest(time.perf_counter() - t, dev))
     return statistics.median(times)
+
+
+def plain_all_to_all(q: int, dev, repeats: int) -> float:
+    """Seconds of what a point call moves, as plain all-to-alls with even splits: q int64 queries out, q answers
+    (2 int64 each) back; the same bytes to other ranks as the call when its queries spread evenly (each rank's
+    own 1/W stays home in both)."""
+    queries, answers = torch.empty(q, dtype=torch.int64, device=dev), torch.empty(2 * q, dtype=torch.int64, device=dev)
+    got_q, got_a = torch.empty_like(queries), torch.empty_like(answers)
+
+    def run():
+        dist.all_to_all_single(got_q, queries)
+        dist.all_to_all_single(got_a, answers)
+
+    return time_collective(run, dev, repeats)
 
 
 def time_local(fn, dev, repeats: int) -> float:
@@ -242,7 +257,8 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
         idx.lookup(queries)
     single_s = single_time(lambda: single.lookup(all_queries))
     record("lookup", sharded_s, single_s, profiled(idx, lambda: idx.lookup(queries), dev), {"build_s": build_s,
-           "single_build_s": single_build_s if rank == 0 else None})
+           "single_build_s": single_build_s if rank == 0 else None,
+           "a2a_alone_s": plain_all_to_all(q // world * world, dev, a.repeats) if world > 1 else None})
 
     idx.pipeline = a.pipeline
     piped = lambda: idx.lookup(queries)  # noqa: E731
@@ -375,6 +391,12 @@ def bench(rank: int, world: int, argv: list[str]) -> None:
         print(f"{name} x{world} ({dist.get_backend()}), commit {result['commit']}, torch {torch.__version__}, "
               f"L2 set aside {l2 / 2**20:.1f} MiB")
         print(table(rows))
+        for r in rows:
+            if r.get("a2a_alone_s"):
+                moved = r["exchange_s"] + r["return_s"]
+                print(f"{r['mode']} {r['form']}: plain all-to-alls of the same bytes {r['a2a_alone_s'] * 1e3:.2f} ms "
+                      f"({r['bytes_sent_remote'] / r['a2a_alone_s'] / 1e9:.0f} GB/s, {r['a2a_alone_s'] / r['nvlink_floor_s']:.2f}x "
+                      f"the floor); the call's exchange + return {moved * 1e3:.2f} ms")
         for m in result["model"]:
             print(f"model W={m['world']:>2}: {m['modeled_s'] * 1e3:.2f} ms, {m['lookups_per_s'] / 1e9:.3f} G lookups/s, "
                   f"{m['speedup_vs_one_gpu']:.2f}x one GPU")
