@@ -323,9 +323,8 @@ def model(rows: list[dict]) -> list[dict]:
     other ranks beyond this run's ((W - 1) / W of the payload instead of (W0 - 1) / W0), at the rate the profiled
     call's exchange and return moved them (as if they added to the time: from two H200s this came within 6% of
     the call measured on four, results README). Without a pipelined row the profiled call's stage sum stands in
-    for its time. The
-    one-GPU baseline is taken to grow linearly with W; a one-GPU index W/W0 times larger is slower per lookup, so
-    the speedups are a lower bound."""
+    for its time. The one-GPU baseline is taken to grow linearly with W; a one-GPU index W/W0 times larger is
+    slower per lookup, so the speedups are a lower bound."""
     base = next((r for r in rows if r["mode"] == "weak" and r["form"] == "lookup"), None)
     if base is None or not base["bytes_sent_remote"]:
         return []

@@ -5,8 +5,8 @@ costs against its memory floor. No NCCL: what the stages do between the exchange
     python benchmarks/sharded_stage_probe.py [--log-keys 26] [--log-lookups 27]
 
 Rows: the local CgRXIndex lookup; the same with the local row IDs made global (pack_answers over a monotone
-int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); place_answers of
-the answers back to the callers' order (and of a random permutation); a one-GPU lookup of twice the keys and queries (the weak-scaling
+int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); scatter_answers of
+16-byte answers back to the callers' order; a one-GPU lookup of twice the keys and queries (the weak-scaling
 baseline). Prints a table and writes JSON (sharded_probe_<commit>.json) to --out-dir or
 benchmarks/results/<GPU>/.
 """
@@ -70,19 +70,17 @@ def main(argv=None) -> None:
         row(f"partition_queries, 2 owners, {chunks} chunk(s)", ms, nq * (8 + 8 + 8 + 8))
     _, positions, _ = part
     back = torch.stack([res.first_row, count], dim=1)
-    first, second = torch.empty_like(count), torch.empty_like(count)
-    place = lambda p: internal.place_answers(back[:, 0], back[:, 1], p, first, second)  # noqa: E731
-    ms, _ = timed(lambda: place(positions), args.repeats, device=dev)
-    row("place_answers (partition order -> callers')", ms, nq * (16 + 8 + 16))
+    ms, _ = timed(lambda: internal.scatter_answers(back, positions), args.repeats, device=dev)
+    row("scatter_answers (partition order -> callers')", ms, nq * (16 + 8 + 16))
     perm = torch.randperm(nq, device=dev, generator=gen)
-    ms, _ = timed(lambda: place(perm), args.repeats, device=dev)
-    row("place_answers, random permutation", ms, nq * (16 + 8 + 16))
+    ms, _ = timed(lambda: internal.scatter_answers(back, perm), args.repeats, device=dev)
+    row("scatter_answers, random permutation", ms, nq * (16 + 8 + 16))
     inv = torch.empty_like(positions).index_copy_(0, positions, torch.arange(nq, device=dev))
     ms, _ = timed(lambda: back.index_select(0, inv), args.repeats, device=dev)
     row("gather instead (back.index_select(inv))", ms, nq * (16 + 8 + 16))
     ms, _ = timed(lambda: back.clone(), args.repeats, device=dev)
     row("copy of the answers (memory floor)", ms, nq * 32)
-    idx = res = back = part = positions = inv = perm = first = second = None  # free them before the baseline's build
+    idx = res = back = part = positions = inv = perm = None  # free them before the baseline's build
 
     keys2 = torch.randint(-(2**63), 2**63 - 1, (2 * nk,), generator=gen, device=dev)
     idx2 = CgRXIndex(keys2)

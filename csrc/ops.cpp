@@ -192,12 +192,11 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // fill_j where slots[i] is -1 (partition_padded's dropped queries).
   m.def("gather_answers(Tensor answers, Tensor slots, int fill_first, int fill_second) -> (Tensor, Tensor)");
   // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
-  // local_to_global unless that is empty.
+  // local_to_global unless that is empty; `b` is int64 or int32 (a lookup's counts, widened here).
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");
-  // Answers to the caller's order, in place: a[j] lands at first[positions[j]], b[j] at second[positions[j]]
-  // (int64; a and b may be strided: the columns of the [m, 2] rows of a return exchange). A position outside the
-  // outputs raises on the CPU and is dropped on CUDA.
-  m.def("place_answers(Tensor a, Tensor b, Tensor positions, Tensor(a!) first, Tensor(b!) second) -> ()");
+  // Answer rows [n, 2] to the caller's order: column j of row i lands at positions[i] of output j (positions: a
+  // permutation of 0 .. n - 1).
+  m.def("scatter_answers(Tensor answers, Tensor positions) -> (Tensor, Tensor)");
   // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
   // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.
   m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");

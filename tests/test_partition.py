@@ -1,5 +1,5 @@
 """The sharded index's routing operators (csrc/distributed): partition_queries and partition_padded against a
-reference built with map_keys, searchsorted and a stable argsort; pack_answers, place_answers and
+reference built with map_keys, searchsorted and a stable argsort; pack_answers, scatter_answers and
 gather_answers against plain torch; opcheck."""
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_gather_answers(device, gen):
 
 
 @pytest.mark.parametrize("b_dtype", [torch.int64, torch.int32])
-def test_pack_and_place_answers(device, gen, b_dtype):
+def test_pack_and_scatter_answers(device, gen, b_dtype):
     n, m = 1000, 50
     a = torch.randint(-1, m, (n,), generator=gen).to(device)
     b = torch.randint(-(2**31), 2**31, (n,), generator=gen).to(b_dtype).to(device)
@@ -151,23 +151,12 @@ def test_pack_and_place_answers(device, gen, b_dtype):
     want0 = torch.where(a >= 0, l2g[a.clamp(min=0)], -1)
     assert torch.equal(packed, torch.stack([want0, wide], dim=1))
     assert torch.equal(internal.pack_answers(a, b, l2g[:0]), torch.stack([a, wide], dim=1))
-    # The packed rows' columns (strided) placed into the caller's order in two pieces: every position once.
-    perm = torch.randperm(n, generator=gen).to(device)
-    first = torch.full((n,), 7, dtype=torch.int64, device=device)
-    second = torch.full((n,), 7, dtype=torch.int64, device=device)
-    for piece in (slice(0, 600), slice(600, n)):
-        internal.place_answers(packed[piece, 0], packed[piece, 1], perm[piece], first, second)
-    assert torch.equal(first[perm], want0) and torch.equal(second[perm], wide)
-    internal.place_answers(a[:0], a[:0], perm[:0], first, second)  # nothing to place
-    if device.type == "cpu":
-        with pytest.raises(RuntimeError, match="outside the outputs"):
-            internal.place_answers(a[:1], a[:1], torch.tensor([n]), first, second)
-    with pytest.raises(RuntimeError, match="first and second must be contiguous"):
-        internal.place_answers(a, a, perm, first[::2], second[::2])
-    with pytest.raises(RuntimeError, match="a and b must be 1-D int64"):
-        internal.place_answers(a, b.to(torch.int32), perm, first, second)
     with pytest.raises(RuntimeError, match="b must be int64 or int32"):
         internal.pack_answers(a, b.float(), l2g)
+    perm = torch.randperm(n, generator=gen).to(device)
+    first, second = internal.scatter_answers(packed, perm)
+    assert torch.equal(first[perm], packed[:, 0]) and torch.equal(second[perm], packed[:, 1])
+    assert first.is_contiguous() and second.is_contiguous()
 
 
 @pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64, None])
@@ -203,10 +192,7 @@ def test_opcheck(device, gen):
                                  torch.arange(20, device=device) * 3)),
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int32, device=device),
                                  torch.arange(20, device=device)[:0])),
-        (internal.place_answers, (torch.arange(20, device=device).view(10, 2)[:, 0],
-                                  torch.arange(20, device=device).view(10, 2)[:, 1],
-                                  torch.randperm(10, generator=gen).to(device), torch.zeros(12, dtype=torch.int64, device=device),
-                                  torch.zeros(12, dtype=torch.int64, device=device))),
+        (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
         (internal.partition_padded, (q, KEY_TYPES["float64"], sp, 70)),
         (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0)),

@@ -48,20 +48,12 @@ inline std::tuple<at::Tensor, at::Tensor> answer_columns(int64_t n, const at::Te
   return {at::empty({n}, options), at::empty({n}, options)};
 }
 
-// place_answers: two int64 columns of m answers, possibly strided (the columns of [m, 2] rows); positions [m];
-// the outputs first and second [n] int64, contiguous.
-inline void check_place_args(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions,
-                             const at::Tensor& first, const at::Tensor& second) {
-  TORCH_CHECK(a.dim() == 1 && b.dim() == 1 && a.numel() == b.numel() && a.scalar_type() == at::kLong &&
-                  b.scalar_type() == at::kLong,
-              "a and b must be 1-D int64 tensors of one length");
-  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == a.numel(),
-              "positions must be a 1-D int64 tensor with one entry per answer");
-  TORCH_CHECK(first.dim() == 1 && second.dim() == 1 && first.numel() == second.numel() &&
-                  first.scalar_type() == at::kLong && second.scalar_type() == at::kLong && first.is_contiguous() &&
-                  second.is_contiguous(),
-              "first and second must be contiguous 1-D int64 tensors of one length");
-  for (const at::Tensor* t : {&b, &positions, &first, &second}) check_same_device(a, *t, "a", "the other arguments");
+inline void check_answers(const at::Tensor& answers, const at::Tensor& positions) {
+  TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
+              "answers must be an int64 tensor [n, 2], got ", answers.scalar_type(), " ", answers.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == answers.size(0),
+              "positions must be an int64 tensor with one entry per answer");
+  check_same_device(answers, positions, "answers", "positions");
 }
 
 inline void check_global_rows_args(const at::Tensor& local, const at::Tensor& local_to_global) {

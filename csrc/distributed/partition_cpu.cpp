@@ -183,31 +183,30 @@ at::Tensor global_rows_cpu(const at::Tensor& local, const at::Tensor& local_to_g
   return out;
 }
 
-// Answer j belongs to the caller's query positions[j]: a[j] lands at first[positions[j]], b[j] at
-// second[positions[j]].
-void place_answers_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions, at::Tensor& first,
-                       at::Tensor& second) {
-  check_place_args(a, b, positions, first, second);
-  const at::Tensor pos = positions.contiguous();
-  const int64_t m = a.numel(), n = first.numel(), sa = a.stride(0), sb = b.stride(0);
-  const int64_t* pa = a.data_ptr<int64_t>();
-  const int64_t* pb = b.data_ptr<int64_t>();
+// answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
+std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
+  check_answers(answers, positions);
+  const at::Tensor ans = answers.contiguous(), pos = positions.contiguous();
+  const int64_t n = ans.size(0);
+  auto [first, second] = answer_columns(n, ans.options());
+  const int64_t* pa = ans.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();
   int64_t* o1 = second.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
-  at::parallel_for(0, m, 1 << 14, [&](int64_t s, int64_t e) {
+  at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
     for (int64_t j = s; j < e; ++j) {
       const int64_t p = pp[j];
       if (p < 0 || p >= n) {
         bad.store(true, std::memory_order_relaxed);
         continue;
       }
-      o0[p] = pa[j * sa];
-      o1[p] = pb[j * sb];
+      o0[p] = pa[2 * j];
+      o1[p] = pa[2 * j + 1];
     }
   });
-  TORCH_CHECK(!bad.load(), "place_answers: a position is outside the outputs (", n, " entries)");
+  TORCH_CHECK(!bad.load(), "scatter_answers: positions must be a permutation of 0 .. n - 1");
+  return {first, second};
 }
 
 // Output j of query i: answers[slots[i], j], or fill_j for slot -1.
@@ -247,7 +246,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("gather_answers", &gather_answers_cpu);
   m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
-  m.impl("place_answers", &place_answers_cpu);
+  m.impl("scatter_answers", &scatter_answers_cpu);
 }
 
 }  // namespace rtindex

@@ -278,28 +278,29 @@ at::Tensor global_rows_cuda(const at::Tensor& local, const at::Tensor& local_to_
   return out;
 }
 
-__global__ void place_answers_kernel(const int64_t* __restrict__ a, int64_t sa, const int64_t* __restrict__ b,
-                                     int64_t sb, const int64_t* __restrict__ pos, int64_t m, int64_t n,
-                                     int64_t* __restrict__ first, int64_t* __restrict__ second) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < m; j += int64_t(gridDim.x) * blockDim.x) {
+__global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t n,
+                                       int64_t* __restrict__ first, int64_t* __restrict__ second) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = pos[j];
-    if (p < 0 || p >= n) continue;  // outside the outputs: the CPU kernel raises; here the write is dropped
-    first[p] = a[j * sa];
-    second[p] = b[j * sb];
+    if (p < 0 || p >= n) continue;  // not a permutation: the CPU kernel raises; here the write is dropped
+    const longlong2 v = ans[j];
+    first[p] = v.x;
+    second[p] = v.y;
   }
 }
 
-void place_answers_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& positions, at::Tensor& first,
-                        at::Tensor& second) {
-  check_place_args(a, b, positions, first, second);
-  const c10::cuda::CUDAGuard guard(a.device());
-  const at::Tensor pos = positions.contiguous();
-  const int64_t m = a.numel();
-  if (m == 0) return;
-  place_answers_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
-      a.data_ptr<int64_t>(), a.stride(0), b.data_ptr<int64_t>(), b.stride(0), pos.data_ptr<int64_t>(), m,
-      first.numel(), first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
+  check_answers(answers, positions);
+  const c10::cuda::CUDAGuard guard(answers.device());
+  const at::Tensor pos = positions.contiguous(), ans = vector_rows(answers);
+  const int64_t n = ans.size(0);
+  auto [first, second] = answer_columns(n, ans.options());
+  if (n == 0) return {first, second};
+  scatter_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), n,
+      first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
   RTX_CHECK_LAUNCH();
+  return {first, second};
 }
 
 }  // namespace
@@ -309,7 +310,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("partition_padded", &partition_padded_cuda);
   m.impl("gather_answers", &gather_answers_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
-  m.impl("place_answers", &place_answers_cuda);
+  m.impl("scatter_answers", &scatter_answers_cuda);
   m.impl("global_rows", &global_rows_cuda);
 }
 

@@ -694,7 +694,7 @@ class ShardedIndex:
         loc, pack, none = self._local, _internal().pack_answers, self._l2g[:0]
         if op == "range_count":  # the local index counts from positions where it can; no first row to map
             count = loc.range_count(rlo, rhi)
-            return pack(torch.full(count.shape, -1, dtype=torch.int64, device=count.device), count, none)
+            return pack(torch.full_like(count, -1, dtype=torch.int64), count, none)
         if op.startswith("lookup") or op.startswith("range_lookup"):
             r = loc._spare_lookup(rlo, rhi) if self._spare_rows else None  # global rows from the shard itself
             if r is not None:
@@ -721,8 +721,8 @@ class ShardedIndex:
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
         overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
-        caller's order in one pass (place_answers). The first and the last rank look up their own pieces in
-        place, each while its chunk's queries are in flight, instead of exchanging them with themselves.
+        caller's order in one pass (scatter_answers). The first and the last rank look up their own pieces in
+        place, while the first chunk's queries are in flight, instead of exchanging them with themselves.
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
@@ -763,24 +763,7 @@ class ShardedIndex:
         # The queries travel while the own pieces are looked up, also in one chunk (unless profiling, which
         # times the exchange as a stage of its own).
         flight = overlap or not st.on
-        # Chunk by chunk: the own piece looked up (while the chunk's queries are in flight) and its answers put in
-        # `back` (send order), the received queries looked up and their answers sent back into `back`; then one
-        # place_answers pass puts every answer in the caller's order. (Placing each chunk on a side stream as its
-        # return landed measured the same: the lookups keep this stream busy to the end; results README.)
-        back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
-
-        def own_piece(c: int) -> BaseException | None:
-            """Chunk c's own piece (none on middle ranks) looked up and its answers put in `back`; its error."""
-            if not own or not sc[c][r]:
-                return None
-            a = starts[c] + sum(sc[c][:r])
-            mine = keys[a:a + sc[c][r]]
-            ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
-                                   lambda: failed_answers(mine.numel()))
-            back[a:a + mine.numel()].copy_(ans)
-            return e
-
-        outgoing, err = [], None
+        outgoing = []
         for c in range(C):
             lo_c, hi_c, send = remote(c, sc[c])
             _, _, recv = remote(c, rc[c])
@@ -791,11 +774,19 @@ class ShardedIndex:
             outgoing.append((got, work, lo_c, hi_c, send, recv))
         if not overlap:
             st.mark("exchange")
-        returns = []
+        back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
+        returns, err = [], None
+        if own:  # first: they need no exchange, so they run while the queries of the first chunk are in flight
+            for c in range(C):
+                a = starts[c] + sum(sc[c][:r])
+                mine = keys[a:a + sc[c][r]]
+                if mine.numel():
+                    ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
+                                           lambda: failed_answers(mine.numel()))
+                    err = err or e
+                    back[a:a + mine.numel()].copy_(ans)
         for c in range(C):
             got, work, lo_c, hi_c, send, recv = outgoing[c]
-            e = own_piece(c)  # needs no exchange: runs while the chunk's queries are in flight
-            err = err or e
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
@@ -816,9 +807,7 @@ class ShardedIndex:
             if work is not None:
                 work.wait()
         st.mark("local" if overlap else "return")
-        first = torch.empty(n, dtype=torch.int64, device=self.device)
-        second = torch.empty(n, dtype=torch.int64, device=self.device)
-        internal.place_answers(back[:, 0], back[:, 1], positions, first, second)
+        first, second = internal.scatter_answers(back, positions)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
             self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
