@@ -20,10 +20,13 @@ Prints a table and writes JSON to benchmarks/results/<GPU name>/sharded_<commit>
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
+import re
 import statistics
 import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -163,10 +166,6 @@ def kernel_trace(fn, rank: int) -> None:
 def print_timeline(prof) -> None:
     """The call's kernels and copies in start order: stream, start and end (ms from the first), name. Shows what
     overlapped and where a stream waited."""
-    import json
-    import re
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name)).get("traceEvents", [])
