@@ -180,8 +180,10 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // queries (key dtype, mapped in the kernel) split into `chunks` contiguous chunks and grouped by send bucket
   // (chunk-major, owner-minor; owner = searchsorted(splitters, key, right=True), splitters ascending ordered
   // keys), as (ordered keys, each one's position in `queries`, counts [chunks, splitters + 1]). Stable on the
-  // CPU; on CUDA the order within a bucket may differ from call to call (at most 2048 buckets).
-  m.def("partition_queries(Tensor queries, int key_type, Tensor splitters, int chunks) -> (Tensor keys, Tensor positions, Tensor counts)");
+  // CPU; on CUDA the order within a bucket may differ from call to call (at most 2048 buckets). skip >= 0: the
+  // queries that owner holds are left out (their counts 0; keys and positions: the others, at the front; the
+  // rest zeros on the CPU, unspecified on CUDA).
+  m.def("partition_queries(Tensor queries, int key_type, Tensor splitters, int chunks, int skip=-1) -> (Tensor keys, Tensor positions, Tensor counts)");
   // Point queries of a sharded index's fixed-capacity exchange (one chunk), grouped by owner into padded
   // blocks: (keys [owners * capacity]: owner d's queries as ordered keys at [d * capacity, ...), zeros past its
   // count; slots [n]: where query i went, -1 where its owner's block was full; counts [owners]: queries per
@@ -197,6 +199,9 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // Answer rows [n, 2] to the caller's order: column j of row i lands at positions[i] of output j (positions: a
   // permutation of 0 .. n - 1).
   m.def("scatter_answers(Tensor answers, Tensor positions) -> (Tensor, Tensor)");
+  // Answer rows [m, 2] into existing int64 columns of length n: column j of row i written at positions[i] of
+  // `first` / `second` (positions: distinct, in 0 .. n - 1); the other entries keep their values.
+  m.def("scatter_answers_into(Tensor answers, Tensor positions, Tensor(a!) first, Tensor(b!) second) -> ()");
   // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
   // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.
   m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");

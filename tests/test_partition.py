@@ -18,14 +18,15 @@ internal = torch.ops.rtindex_internal
 SIGN = -(2**63)
 
 
-def reference(queries, key_type, splitters, chunks):
+def reference(queries, key_type, splitters, chunks, skip=-1):
     ordered = ops.map_keys(queries.cpu(), KEY_TYPES[key_type])
     n, world = ordered.numel(), splitters.numel() + 1
     owner = torch.searchsorted(splitters.cpu() ^ SIGN, ordered ^ SIGN, right=True)
     chunk = torch.arange(n) * chunks // max(n, 1)
     bucket = chunk * world + owner
     order = torch.argsort(bucket, stable=True)
-    return ordered[order], order, torch.bincount(bucket, minlength=chunks * world).view(chunks, world)
+    order = order[owner[order] != skip]  # the skipped owner's queries left out
+    return ordered[order], order, torch.bincount(bucket[order], minlength=chunks * world).view(chunks, world)
 
 
 def splitters_from(ordered: torch.Tensor, m: int, gen) -> torch.Tensor:
@@ -35,11 +36,13 @@ def splitters_from(ordered: torch.Tensor, m: int, gen) -> torch.Tensor:
     return torch.sort(pick ^ SIGN).values ^ SIGN
 
 
-def check(queries, key_type, splitters, chunks, device):
-    keys, pos, counts = internal.partition_queries(queries.to(device), KEY_TYPES[key_type], splitters.to(device), chunks)
-    rk, rp, rc = reference(queries, key_type, splitters, chunks)
+def check(queries, key_type, splitters, chunks, device, skip=-1):
+    keys, pos, counts = internal.partition_queries(queries.to(device), KEY_TYPES[key_type], splitters.to(device), chunks,
+                                                   skip)
+    rk, rp, rc = reference(queries, key_type, splitters, chunks, skip)
     assert torch.equal(counts.cpu(), rc)
-    keys, pos = keys.cpu(), pos.cpu()
+    assert keys.numel() == pos.numel() == queries.numel()  # sized for every query; the routed ones at the front
+    keys, pos = keys[:rp.numel()].cpu(), pos[:rp.numel()].cpu()
     if device.type == "cuda":  # order within a bucket is not stable there: compare each bucket as a set
         ends = rc.view(-1).cumsum(0).tolist()
         start = 0
@@ -63,6 +66,8 @@ def test_partition_queries(device, gen, key_type, world, chunks):
     q = q[torch.randperm(q.numel(), generator=gen)]
     sp = splitters_from(ops.map_keys(q, KEY_TYPES[key_type]), world - 1, gen)
     check(q, key_type, sp, chunks, device)
+    for skip in sorted({0, world // 2, world - 1}):  # a rank leaving its own queries out
+        check(q, key_type, sp, chunks, device, skip)
 
 
 @pytest.mark.parametrize("n,chunks", [(0, 1), (0, 4), (1, 1), (3, 8), (5000, 7)])
@@ -77,6 +82,9 @@ def test_partition_queries_errors(device):
     sp = torch.zeros(1, dtype=torch.int64, device=device)
     with pytest.raises(RuntimeError, match="chunks"):
         internal.partition_queries(q, 0, sp, 0)
+    for skip in (-2, 2):  # owners are 0 and 1 here
+        with pytest.raises(RuntimeError, match="skip must be -1"):
+            internal.partition_queries(q, 0, sp, 1, skip)
     with pytest.raises(RuntimeError, match="dtype"):
         internal.partition_queries(q.float(), 0, sp, 1)
 
@@ -159,6 +167,30 @@ def test_pack_and_scatter_answers(device, gen, b_dtype):
     assert first.is_contiguous() and second.is_contiguous()
 
 
+def test_scatter_answers_into(device, gen):
+    """m answer rows into columns of n entries: those at the positions overwritten, the others kept."""
+    n, m = 1000, 300
+    ans = torch.randint(-(2**62), 2**62, (m, 2), generator=gen)
+    pos = torch.randperm(n, generator=gen)[:m]
+    first, second = torch.arange(n) * 3, torch.arange(n) * 5
+    want0, want1 = first.clone(), second.clone()
+    want0[pos], want1[pos] = ans[:, 0], ans[:, 1]
+    f, s = first.to(device), second.to(device)
+    assert internal.scatter_answers_into(ans.to(device), pos.to(device), f, s) is None
+    assert torch.equal(f.cpu(), want0) and torch.equal(s.cpu(), want1)
+    internal.scatter_answers_into(ans[:0].to(device), pos[:0].to(device), f, s)  # nothing to place
+    assert torch.equal(f.cpu(), want0)
+    with pytest.raises(RuntimeError, match="contiguous 1-D int64"):
+        internal.scatter_answers_into(ans.to(device), pos.to(device), f[::2], s[::2])
+    with pytest.raises(RuntimeError, match="one length"):
+        internal.scatter_answers_into(ans.to(device), pos.to(device), f, s[:-1])
+    with pytest.raises(RuntimeError, match="one entry per answer"):
+        internal.scatter_answers_into(ans.to(device), pos[:-1].to(device), f, s)
+    if device.type == "cpu":  # CUDA drops the write
+        with pytest.raises(RuntimeError, match="outside 0 .. 9"):
+            internal.scatter_answers_into(ans[:1], torch.tensor([10]), f[:10].clone(), s[:10].clone())
+
+
 @pytest.mark.parametrize("map_dtype", [torch.int32, torch.int64, None])
 def test_global_rows(device, gen, map_dtype):
     """A chunk's local rows as global ones: -1 stays, int32 maps are unsigned offsets, no map: the row's own
@@ -193,6 +225,10 @@ def test_opcheck(device, gen):
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int32, device=device),
                                  torch.arange(20, device=device)[:0])),
         (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
+        (internal.scatter_answers_into, (torch.arange(8, device=device).view(4, 2), torch.randperm(10, generator=gen)[:4].to(device),
+                                         torch.zeros(10, dtype=torch.int64, device=device),
+                                         torch.ones(10, dtype=torch.int64, device=device))),
+        (internal.partition_queries, (q, KEY_TYPES["float64"], sp, 2, 1)),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
         (internal.partition_padded, (q, KEY_TYPES["float64"], sp, 70)),
         (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0)),

@@ -329,6 +329,15 @@ class IndexBase:
             return torch.empty_like(out).index_copy_(0, order, out)
         return tuple(torch.empty_like(t).index_copy_(0, order, t) for t in out)
 
+    def _point_call_as(self, form: str, lo: torch.Tensor, key_type: str, values: torch.Tensor | None = None,
+                       cfg: int | None = None) -> Any:
+        """A point ``form`` ("lookup" or "aggregate") on queries of another key type whose ordered keys are this
+        index's keys (an index over ordered keys, key type "uint64": a shard answering its caller's queries as
+        they are, the kernels mapping them). The caller checked the queries; no query sort. ``cfg``: the operator
+        configuration, if not this index's for ``key_type``."""
+        extra = () if values is None else (self._values(values),)
+        return self._forms[form](*self._lead, self._config(key_type) if cfg is None else cfg, lo, None, *extra)
+
     def _query_sort_threshold(self) -> float:
         """The batch size from which lookups sort their queries (infinite: never), decided once per build and
         per change of :attr:`sort_queries`, so that a call compares one number."""

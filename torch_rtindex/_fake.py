@@ -181,7 +181,7 @@ def _(nodes, node_size, num_buckets):
 
 
 @register_fake("rtindex_internal::partition_queries")
-def _(queries, key_type, splitters, chunks):
+def _(queries, key_type, splitters, chunks, skip=-1):
     n = queries.shape[0]
     return (
         queries.new_empty((n,), dtype=torch.int64),
@@ -220,3 +220,8 @@ def _(local, local_to_global, base):
 def _(answers, positions):
     n = answers.shape[0]
     return answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64)
+
+
+@register_fake("rtindex_internal::scatter_answers_into")
+def _(answers, positions, first, second):
+    return None

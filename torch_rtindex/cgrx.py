@@ -226,6 +226,13 @@ class CgRXIndex(CgRXSearch):
             return None
         return Lookup(*self._call("lookup", lo, hi, "range_lookup" if hi is not None else "lookup", configs=spare[1:]))
 
+    def _spare_lookup_as(self, lo: torch.Tensor, key_type: str) -> Lookup | None:
+        """:meth:`_spare_lookup` of point queries of another key type (:meth:`_point_call_as`)."""
+        spare = self._spare
+        if spare is None or spare[0] is not self._pairs:
+            return None
+        return Lookup(*self._point_call_as("lookup", lo, key_type, cfg=self._config(key_type, True)))
+
     # ---------------------------------------------------------------------------------- state and devices
     def _held_keys(self) -> torch.Tensor:
         """The keys in row order, read back from the sorted pairs (row IDs are the positions 0 .. n - 1)."""

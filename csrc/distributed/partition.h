@@ -46,9 +46,13 @@ RTX_HD int64_t chunk_of(uint64_t i, uint64_t n, uint64_t chunks) {
 }
 
 // The send bucket: chunk-major, owner-minor, so that each chunk's send buffer is contiguous and in rank order.
+// -1 (no bucket) where the owner is `skip`: a rank that answers its own queries where they lie leaves them out
+// (skip < 0: none left out).
 RTX_HD int64_t send_bucket(uint64_t i, uint64_t n, int64_t chunks, uint64_t key, const uint64_t* splitters,
-                           int64_t num_splitters) {
-  return chunk_of(i, n, static_cast<uint64_t>(chunks)) * (num_splitters + 1) + owner_of(key, splitters, num_splitters);
+                           int64_t num_splitters, int64_t skip) {
+  const int64_t owner = owner_of(key, splitters, num_splitters);
+  if (owner == skip) return -1;
+  return chunk_of(i, n, static_cast<uint64_t>(chunks)) * (num_splitters + 1) + owner;
 }
 
 }  // namespace rtindex

@@ -15,7 +15,7 @@ namespace rtindex {
 constexpr int64_t kMaxPartitionBuckets = 2048;
 
 inline void check_partition_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,
-                                 int64_t chunks) {
+                                 int64_t chunks, int64_t skip = -1) {
   TORCH_CHECK(queries.dim() == 1, "queries must be a 1-D tensor, got ", queries.dim(), " dimensions");
   const KeyType t = key_type_from_int(key_type);
   TORCH_CHECK(dtype_holds(queries.scalar_type(), t), "queries have dtype ", queries.scalar_type(),
@@ -23,6 +23,8 @@ inline void check_partition_args(const at::Tensor& queries, int64_t key_type, co
   check_ordered_keys(splitters, "splitters");
   check_same_device(queries, splitters, "queries", "splitters");
   TORCH_CHECK(chunks >= 1, "chunks must be positive, got ", chunks);
+  TORCH_CHECK(skip >= -1 && skip <= splitters.numel(), "skip must be -1 (none) or an owner in 0 .. ",
+              splitters.numel(), ", got ", skip);
   // chunk_of computes i * chunks in 64 bits.
   TORCH_CHECK(queries.numel() <= std::numeric_limits<int64_t>::max() / chunks, "too many queries (", queries.numel(), ") for ", chunks,
               " chunks");
@@ -53,6 +55,23 @@ inline void check_answers(const at::Tensor& answers, const at::Tensor& positions
               "answers must be an int64 tensor [n, 2], got ", answers.scalar_type(), " ", answers.sizes());
   TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == answers.size(0),
               "positions must be an int64 tensor with one entry per answer");
+  check_same_device(answers, positions, "answers", "positions");
+}
+
+// scatter_answers_into: m answer rows into two int64 output columns of one length n >= m.
+inline void check_answers_into(const at::Tensor& answers, const at::Tensor& positions, const at::Tensor& first,
+                               const at::Tensor& second) {
+  TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
+              "answers must be an int64 tensor [m, 2], got ", answers.scalar_type(), " ", answers.sizes());
+  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == answers.size(0),
+              "positions must be an int64 tensor with one entry per answer");
+  for (const at::Tensor* t : {&first, &second}) {
+    TORCH_CHECK(t->dim() == 1 && t->scalar_type() == at::kLong && t->is_contiguous(),
+                "first and second must be contiguous 1-D int64 tensors");
+    check_same_device(answers, *t, "answers", "an output column");
+  }
+  TORCH_CHECK(first.numel() == second.numel(), "first and second must have one length, got ", first.numel(), " and ",
+              second.numel());
   check_same_device(answers, positions, "answers", "positions");
 }
 

@@ -30,13 +30,16 @@ struct BlockPlan {
     offsets.assign(static_cast<size_t>(blocks * buckets), 0);
   }
 
-  // bucket(i) -> bucket of query i; totals[b] <- queries in bucket b.
+  // bucket(i) -> bucket of query i (-1: none); totals[b] <- queries in bucket b.
   template <typename Bucket>
   void count(const Bucket& bucket, bool restart_per_bucket, int64_t* totals) {
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t blk = b0; blk < b1; ++blk) {
         int64_t* h = offsets.data() + blk * buckets;
-        for (int64_t i = blk * block_size, end = std::min(n, (blk + 1) * block_size); i < end; ++i) ++h[bucket(i)];
+        for (int64_t i = blk * block_size, end = std::min(n, (blk + 1) * block_size); i < end; ++i) {
+          const int64_t b = bucket(i);
+          if (b >= 0) ++h[b];  // -1: a query left out
+        }
       }
     });
     int64_t run = 0;
@@ -68,8 +71,9 @@ struct BlockPlan {
 
 // Grouped by send bucket, stable (the GPU kernel is not): the CPU result equals a stable sort by bucket.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::Tensor& queries, int64_t key_type,
-                                                                     const at::Tensor& splitters, int64_t chunks) {
-  check_partition_args(queries, key_type, splitters, chunks);
+                                                                     const at::Tensor& splitters, int64_t chunks,
+                                                                     int64_t skip) {
+  check_partition_args(queries, key_type, splitters, chunks, skip);
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
   const int64_t buckets = chunks * world;
@@ -86,15 +90,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::T
   BlockPlan plan(n, buckets);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
-    plan.count([&](int64_t i) { return send_bucket(i, un, chunks, ordered_query<T>(base, i), split, num_splitters); },
+    plan.count([&](int64_t i) { return send_bucket(i, un, chunks, ordered_query<T>(base, i), split, num_splitters, skip); },
                false, counts.data_ptr<int64_t>());
     plan.scatter([&](int64_t i, int64_t* cursor) {
       const uint64_t k = ordered_query<T>(base, i);
-      const int64_t dst = cursor[send_bucket(i, un, chunks, k, split, num_splitters)]++;
+      const int64_t b = send_bucket(i, un, chunks, k, split, num_splitters, skip);
+      if (b < 0) return;
+      const int64_t dst = cursor[b]++;
       out_keys[dst] = k;
       out_pos[dst] = i;
     });
   });
+  if (skip >= 0) {  // the tail the skipped queries leave: zeros here (unspecified on CUDA, which does not know it)
+    const int64_t routed = counts.sum().item<int64_t>();
+    keys.slice(0, routed).zero_();
+    positions.slice(0, routed).zero_();
+  }
   return {keys, positions, counts};
 }
 
@@ -183,18 +194,17 @@ at::Tensor global_rows_cpu(const at::Tensor& local, const at::Tensor& local_to_g
   return out;
 }
 
-// answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
-std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
-  check_answers(answers, positions);
+// Row j of answers [m, 2] to entry positions[j] of both columns (n entries each); false where a position lies
+// outside 0 .. n - 1 (that write is dropped).
+bool scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
   const at::Tensor ans = answers.contiguous(), pos = positions.contiguous();
-  const int64_t n = ans.size(0);
-  auto [first, second] = answer_columns(n, ans.options());
+  const int64_t m = ans.size(0), n = first.numel();
   const int64_t* pa = ans.data_ptr<int64_t>();
   const int64_t* pp = pos.data_ptr<int64_t>();
   int64_t* o0 = first.data_ptr<int64_t>();
   int64_t* o1 = second.data_ptr<int64_t>();
   std::atomic<bool> bad{false};
-  at::parallel_for(0, n, 1 << 14, [&](int64_t s, int64_t e) {
+  at::parallel_for(0, m, 1 << 14, [&](int64_t s, int64_t e) {
     for (int64_t j = s; j < e; ++j) {
       const int64_t p = pp[j];
       if (p < 0 || p >= n) {
@@ -205,8 +215,23 @@ std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers
       o1[p] = pa[2 * j + 1];
     }
   });
-  TORCH_CHECK(!bad.load(), "scatter_answers: positions must be a permutation of 0 .. n - 1");
+  return !bad.load();
+}
+
+// answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
+std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
+  check_answers(answers, positions);
+  auto [first, second] = answer_columns(answers.size(0), answers.options());
+  TORCH_CHECK(scatter_rows(answers, positions, first, second),
+              "scatter_answers: positions must be a permutation of 0 .. n - 1");
   return {first, second};
+}
+
+void scatter_answers_into_cpu(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
+                              at::Tensor second) {
+  check_answers_into(answers, positions, first, second);
+  TORCH_CHECK(scatter_rows(answers, positions, first, second), "scatter_answers_into: a position is outside 0 .. ",
+              first.numel() - 1);
 }
 
 // Output j of query i: answers[slots[i], j], or fill_j for slot -1.
@@ -247,6 +272,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
   m.impl("scatter_answers", &scatter_answers_cpu);
+  m.impl("scatter_answers_into", &scatter_answers_into_cpu);
 }
 
 }  // namespace rtindex

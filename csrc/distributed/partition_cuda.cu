@@ -47,7 +47,7 @@ __device__ __forceinline__ unsigned warp_claim(unsigned* counters, int bucket) {
 
 template <KeyType T>
 __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t n, const uint64_t* __restrict__ splitters,
-                                       int64_t num_splitters, int64_t chunks, int64_t buckets,
+                                       int64_t num_splitters, int64_t chunks, int64_t buckets, int64_t skip,
                                        unsigned long long* __restrict__ counts) {
   extern __shared__ unsigned long long smem[];
   uint64_t* s_split = reinterpret_cast<uint64_t*>(smem);
@@ -62,7 +62,7 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
     for (int j = 0; j < kItems; ++j) {
       const int64_t i = tile + j * kBlock + threadIdx.x;
       int bucket = -1;
-      if (i < n) bucket = static_cast<int>(send_bucket(i, un, chunks, ordered_query<T>(queries, i), s_split, num_splitters));
+      if (i < n) bucket = static_cast<int>(send_bucket(i, un, chunks, ordered_query<T>(queries, i), s_split, num_splitters, skip));
       warp_claim(s_count, bucket);
     }
   }
@@ -77,7 +77,7 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
 template <KeyType T, bool Padded>
 __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64_t n,
                                          const uint64_t* __restrict__ splitters, int64_t num_splitters, int64_t chunks,
-                                         int64_t buckets, unsigned long long* __restrict__ cursor,
+                                         int64_t buckets, int64_t skip, unsigned long long* __restrict__ cursor,
                                          uint64_t* __restrict__ out_keys, int64_t* __restrict__ out_pos,
                                          int64_t capacity) {
   extern __shared__ unsigned long long smem[];
@@ -100,7 +100,7 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
       key[j] = 0;
       if (i < n) {
         key[j] = ordered_query<T>(queries, i);
-        bucket[j] = static_cast<int>(send_bucket(i, un, chunks, key[j], s_split, num_splitters));
+        bucket[j] = static_cast<int>(send_bucket(i, un, chunks, key[j], s_split, num_splitters, skip));
       }
       slot[j] = warp_claim(s_count, bucket[j]);
     }
@@ -135,7 +135,7 @@ void check_cuda_buckets(int64_t buckets, const char* op) {
 
 // Launches the scatter kernel (grouped or padded) over the n queries of q.
 template <bool Padded>
-void launch_scatter(const at::Tensor& q, int64_t key_type, const at::Tensor& splitters, int64_t chunks,
+void launch_scatter(const at::Tensor& q, int64_t key_type, const at::Tensor& splitters, int64_t chunks, int64_t skip,
                     at::Tensor& cursor, at::Tensor& keys, at::Tensor& pos, int64_t capacity) {
   const int64_t n = q.numel(), num_splitters = splitters.numel(), buckets = chunks * (num_splitters + 1);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
@@ -143,15 +143,16 @@ void launch_scatter(const at::Tensor& q, int64_t key_type, const at::Tensor& spl
     partition_scatter_kernel<T, Padded><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets),
                                           current_stream()>>>(
         q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
-        buckets, reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
+        buckets, skip, reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
         reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), capacity);
   });
   RTX_CHECK_LAUNCH();
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::Tensor& queries, int64_t key_type,
-                                                                      const at::Tensor& splitters, int64_t chunks) {
-  check_partition_args(queries, key_type, splitters, chunks);
+                                                                      const at::Tensor& splitters, int64_t chunks,
+                                                                      int64_t skip) {
+  check_partition_args(queries, key_type, splitters, chunks, skip);
   const c10::cuda::CUDAGuard guard(queries.device());
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
@@ -166,13 +167,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
     constexpr KeyType T = decltype(tag)::value;
     partition_count_kernel<T><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets), current_stream()>>>(
         q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
-        buckets, reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()));
+        buckets, skip, reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()));
   });
   RTX_CHECK_LAUNCH();
   // Each bucket's first slot: the exclusive scan of the counts (bucket-major order is chunk-major, owner-minor).
   const at::Tensor flat = counts.view({-1});
   at::Tensor cursor = flat.cumsum(0).sub_(flat);
-  launch_scatter<false>(q, key_type, splitters, chunks, cursor, keys, positions, 0);
+  launch_scatter<false>(q, key_type, splitters, chunks, skip, cursor, keys, positions, 0);
   return {keys, positions, counts};
 }
 
@@ -189,7 +190,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cuda(const at::T
   at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
   if (n == 0) return {keys, slots, counts};
 
-  launch_scatter<true>(q, key_type, splitters, 1, counts, keys, slots, capacity);  // the counts are the cursors
+  launch_scatter<true>(q, key_type, splitters, 1, -1, counts, keys, slots, capacity);  // the counts are the cursors
   return {keys, slots, counts};
 }
 
@@ -278,29 +279,41 @@ at::Tensor global_rows_cuda(const at::Tensor& local, const at::Tensor& local_to_
   return out;
 }
 
-__global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t n,
-                                       int64_t* __restrict__ first, int64_t* __restrict__ second) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
+__global__ void scatter_answers_kernel(const longlong2* __restrict__ ans, const int64_t* __restrict__ pos, int64_t m,
+                                       int64_t n, int64_t* __restrict__ first, int64_t* __restrict__ second) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < m; j += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = pos[j];
-    if (p < 0 || p >= n) continue;  // not a permutation: the CPU kernel raises; here the write is dropped
+    if (p < 0 || p >= n) continue;  // outside the columns: the CPU kernel raises; here the write is dropped
     const longlong2 v = ans[j];
     first[p] = v.x;
     second[p] = v.y;
   }
 }
 
+// Rows of answers [m, 2] to entries positions[j] of first and second (n entries each).
+void scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Tensor& first, at::Tensor& second) {
+  const at::Tensor pos = positions.contiguous(), ans = vector_rows(answers);
+  const int64_t m = ans.size(0);
+  if (m == 0) return;
+  scatter_answers_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
+      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), m, first.numel(),
+      first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+  RTX_CHECK_LAUNCH();
+}
+
 std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
   check_answers(answers, positions);
   const c10::cuda::CUDAGuard guard(answers.device());
-  const at::Tensor pos = positions.contiguous(), ans = vector_rows(answers);
-  const int64_t n = ans.size(0);
-  auto [first, second] = answer_columns(n, ans.options());
-  if (n == 0) return {first, second};
-  scatter_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
-      reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), n,
-      first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
-  RTX_CHECK_LAUNCH();
+  auto [first, second] = answer_columns(answers.size(0), answers.options());
+  scatter_rows(answers, positions, first, second);
   return {first, second};
+}
+
+void scatter_answers_into_cuda(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
+                               at::Tensor second) {
+  check_answers_into(answers, positions, first, second);
+  const c10::cuda::CUDAGuard guard(answers.device());
+  scatter_rows(answers, positions, first, second);
 }
 
 }  // namespace
@@ -311,6 +324,7 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("gather_answers", &gather_answers_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
   m.impl("scatter_answers", &scatter_answers_cuda);
+  m.impl("scatter_answers_into", &scatter_answers_into_cuda);
   m.impl("global_rows", &global_rows_cuda);
 }
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from .. import _extension
 from .._grouping import MAX_CUDA_BUCKETS, group_by
 from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
-from ..cgrx import CgRXIndex
+from ..cgrx import CgRXIndex, CgRXSearch
 from ..cgrx_updatable import UpdatableCgRXIndex
 from ..chunked import ChunkedIndex
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
@@ -38,6 +38,10 @@ DEFAULT_CUDA_PIPELINE = 4
 # Point lookups are split into pipeline chunks only where each chunk keeps at least this many queries of the
 # largest rank's batch: every chunk costs two more collectives, which small batches pay without anything to overlap.
 MIN_CHUNK_QUERIES = 1 << 20
+# A cgRX shard answers its own point queries where they lie in groups of up to this many ranks: its pass over
+# the whole batch costs a cheap miss per other rank's query, which outweighs routing its own (1 / W of them)
+# only past this size (benchmarks/results/README.md).
+OWN_IN_PLACE_MAX_WORLD = 4
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -714,25 +718,50 @@ class ShardedIndex:
         most = self.pipeline if self.device.type != "cuda" else min(self.pipeline, MAX_CUDA_BUCKETS // self.world)
         return max(1, min(most, largest // MIN_CHUNK_QUERIES))
 
+    def _own_in_place(self) -> bool:
+        """Whether this rank answers its own point queries where they lie (:meth:`_own_answers`): a cgRX shard,
+        whose search of another rank's key ends at its first or last bucket (the same few cache lines for every
+        such key), in a group of at most OWN_IN_PLACE_MAX_WORLD ranks (the others' keys are (W - 1) / W of
+        the pass)."""
+        return isinstance(self._local, CgRXSearch) and self.world <= OWN_IN_PLACE_MAX_WORLD
+
+    def _own_answers(self, op: str, lo: torch.Tensor, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The local index's answers to the caller's whole batch, in its order and dtype (the kernels map the
+        keys), as the two int64 columns of :meth:`_local_per_query`'s rows. Right for this rank's own queries;
+        the others' keys lie outside its keys (misses), and their owners' answers overwrite them."""
+        self._maybe_fault("local")
+        loc, kt = self._local, self.key_type
+        if op == "lookup":
+            r = loc._spare_lookup_as(lo, kt) if self._spare_rows else None  # global rows from the shard itself
+            if r is not None:
+                return r.first_row, r.count
+            first, count = loc._point_call_as("lookup", lo, kt)
+            return _internal().global_rows(first, self._l2g, 0), count
+        count, s = loc._point_call_as("aggregate", lo, kt, values)
+        return count.to(torch.int64), s.view(torch.int64) if s.dtype == torch.float64 else s.to(torch.int64)
+
     def _points(self, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dtype, chunks: int,
                 st: _Stages):
         """Point lookups: the queries mapped, routed and grouped by (chunk, owner) in one pass
         (partition_queries); the counts of every chunk exchanged at once (the only host synchronization before
         the answers are in); then per chunk the queries out, the local lookup and the answers back. With
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
-        overlap the local lookups of other chunks. The answers land in one buffer in send order and go to the
-        caller's order in one pass (scatter_answers). The first and the last rank look up their own pieces in
-        place, while the first chunk's queries are in flight, instead of exchanging them with themselves.
+        overlap the local lookups of other chunks. Where :meth:`_own_in_place`, this rank's own queries stay
+        out of the routing: the local index answers the caller's batch as it lies, while the first chunk's
+        queries are in flight, and the owners' answers land over the others (scatter_answers_into); otherwise
+        every query goes through the exchange and the answers to the caller's order in one pass.
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
         is a flag in the all_reduce after the returns (its rank and every rank it owed answers raise)."""
         internal = _internal()
         n, C, W = lo.numel(), chunks, self.world
+        in_place = self._own_in_place()
         part_err = None
         try:
             self._maybe_fault("partition")
-            keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C)
+            keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C,
+                                                                 self.rank if in_place else -1)
         except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
             part_err = e
             counts = torch.zeros((C, W), dtype=torch.int64, device=self.device)
@@ -742,61 +771,43 @@ class ShardedIndex:
         starts = [0]
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
-        r = self.rank
-        # This rank's own piece of each chunk is looked up where it lies instead of being copied to itself by
-        # the exchange, where it lies at an end of the chunk's send buffer: on the first and the last rank (a
-        # middle rank's piece sits between other ranks' pieces and goes through the exchange as before).
-        own = r in (0, W - 1)
 
-        def remote(c: int, row: list[int]) -> tuple[int, int, list[int]]:
-            """The remote part of chunk c's buffer (start, end) and its splits, given one row of counts."""
-            lo, hi = starts[c], starts[c + 1]
-            if not own:
-                return lo, hi, row
-            lo, hi = (lo + row[r], hi) if r == 0 else (lo, lo + sum(row[:r]))
-            return lo, hi, [0 if j == r else x for j, x in enumerate(row)]
-
-        def failed_answers(m: int) -> torch.Tensor:
-            return torch.full((m, 2), _FAILED, dtype=torch.int64, device=self.device)
+        def failed_answers(*shape: int) -> torch.Tensor:
+            return torch.full(shape, _FAILED, dtype=torch.int64, device=self.device)
 
         overlap = C > 1
-        # The queries travel while the own pieces are looked up, also in one chunk (unless profiling, which
-        # times the exchange as a stage of its own).
+        # The queries travel while the own ones are looked up, also in one chunk (unless profiling, which times
+        # the exchange as a stage of its own).
         flight = overlap or not st.on
         outgoing = []
         for c in range(C):
-            lo_c, hi_c, send = remote(c, sc[c])
-            _, _, recv = remote(c, rc[c])
-            part = keys[lo_c:hi_c]
-            got = keys.new_empty(sum(recv))
-            work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=flight)
-            st.moved(part, got, send)
-            outgoing.append((got, work, lo_c, hi_c, send, recv))
+            part = keys[starts[c]:starts[c + 1]]
+            got = keys.new_empty(sum(rc[c]))
+            work = dist.all_to_all_single(got, part, rc[c], sc[c], group=self.group, async_op=flight)
+            st.moved(part, got, sc[c])
+            outgoing.append((got, work))
         if not overlap:
             st.mark("exchange")
-        back = torch.empty((n, 2), dtype=torch.int64, device=self.device)
-        returns, err = [], None
-        if own:  # first: they need no exchange, so they run while the queries of the first chunk are in flight
-            for c in range(C):
-                a = starts[c] + sum(sc[c][:r])
-                mine = keys[a:a + sc[c][r]]
-                if mine.numel():
-                    ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
-                                           lambda: failed_answers(mine.numel()))
-                    err = err or e
-                    back[a:a + mine.numel()].copy_(ans)
+        err = None
+        if in_place:  # first: they need no exchange, so they run while the first chunk's queries are in flight
+            (first, second), err = self._guarded(lambda: self._own_answers(op, lo, values),
+                                                 lambda: (failed_answers(n), failed_answers(n)))
+        else:
+            first, second = (torch.empty(n, dtype=torch.int64, device=self.device) for _ in range(2))
+        back = torch.empty((starts[-1], 2), dtype=torch.int64, device=self.device)
+        returns = []
         for c in range(C):
-            got, work, lo_c, hi_c, send, recv = outgoing[c]
+            got, work = outgoing[c]
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
-                                   lambda: failed_answers(got.numel()))
+                                   lambda: failed_answers(got.numel(), 2))
             err = err or e
             if not overlap:
                 st.mark("local")
-            dest = back[lo_c:hi_c]
-            work = dist.all_to_all_single(dest, ans, send, recv, group=self.group, async_op=overlap)
-            st.moved(ans, dest, recv)
+            dest = back[starts[c]:starts[c + 1]]
+            work = dist.all_to_all_single(dest, ans, sc[c], rc[c], group=self.group, async_op=overlap)
+            st.moved(ans, dest, rc[c])
             returns.append((work, ans))  # ans stays referenced until its send is done
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -807,7 +818,7 @@ class ShardedIndex:
             if work is not None:
                 work.wait()
         st.mark("local" if overlap else "return")
-        first, second = internal.scatter_answers(back, positions)
+        internal.scatter_answers_into(back, positions[:starts[-1]], first, second)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
             self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
