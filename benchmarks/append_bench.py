@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))
 from rx_bench import git_commit, sa_lookup, sorted_array, timed, write_json  # noqa: E402
 
 from torch_rtindex import UpdatableCgRXIndex  # noqa: E402

@@ -23,7 +23,7 @@ VARIANTS = [(index, warm, mode) for index in ("rx", "cgrx_optix") for warm in (T
 def child(index_kind: str, warm: bool, mode: str) -> dict:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
     import torch_rtindex
 
     out = {"index": index_kind, "warm": warm, "mode": mode}

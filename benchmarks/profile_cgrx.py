@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the package from this checkout
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # the package from this checkout
 from baselines.hash_table import HashTable  # noqa: E402
 from rx_bench import make_keys  # noqa: E402  (same folder)
 

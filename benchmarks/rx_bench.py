@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: an A/B names its tree there
 import torch_rtindex  # noqa: E402
 from torch_rtindex import RXIndex  # noqa: E402
 

@@ -35,7 +35,7 @@ case "${1:-}" in
         echo "=== round $r, tree $t, world $world: $*"
         CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((world - 1)))" TORCH_RTINDEX_BUILD_DIR=$bd PYTHONPATH=$pp RTINDEX_COMMIT=$t \
           timeout 300 torchrun --nproc-per-node="$world" benchmarks/sharded_bench.py --nccl-high-priority \
-          --out-dir "${OUT:-/tmp}/ab_${t}_r$r" "$@" 2>&1 | grep -E "^(weak|strong|NVIDIA|model)|Error"
+          --out-dir "${OUT:-/tmp}/ab_${t}_r$r" "$@" 2>&1 | grep -E "^(weak|strong|NVIDIA|model)|Error|package"
       done
     done
     ;;

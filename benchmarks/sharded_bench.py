@@ -382,12 +382,14 @@ def bench(rank: int, world: int, argv: list[str]) -> None:
         rows += run_mode(mode, a, rank, world, dev)
     if rank == 0:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        pkg = str(Path(sys.modules["torch_rtindex"].__file__).resolve().parent.parent)  # the tree measured (A/Bs)
         result = {"device": name, "world": world, "backend": dist.get_backend(), "commit": git_commit(), "l2_set_aside": l2,
+                  "package": pkg,
                   "torch": torch.__version__, "params": vars(a), "nvlink_bytes_per_s": NVLINK_BYTES_PER_S,
                   "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")},
                   "runs": rows, "model": model(rows)}
         print(f"{name} x{world} ({dist.get_backend()}), commit {result['commit']}, torch {torch.__version__}, "
-              f"L2 set aside {l2 / 2**20:.1f} MiB")
+              f"L2 set aside {l2 / 2**20:.1f} MiB, package from {pkg}")
         print(table(rows))
         for r in rows:
             if r.get("a2a_alone_s"):
