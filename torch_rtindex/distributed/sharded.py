@@ -39,9 +39,9 @@ DEFAULT_CUDA_PIPELINE = 4
 # largest rank's batch: every chunk costs two more collectives, which small batches pay without anything to overlap.
 MIN_CHUNK_QUERIES = 1 << 20
 # A cgRX shard answers its own point queries where they lie in groups of up to this many ranks: its pass over
-# the whole batch costs a cheap miss per other rank's query, which outweighs routing its own (1 / W of them)
-# only past this size (benchmarks/results/README.md).
-OWN_IN_PLACE_MAX_WORLD = 4
+# the whole batch costs a miss per other rank's query, which outweighs routing its own (1 / W of them) from
+# three ranks on (measured at two and four: benchmarks/results/README.md).
+OWN_IN_PLACE_MAX_WORLD = 2
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
