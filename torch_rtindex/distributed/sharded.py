@@ -251,7 +251,6 @@ class ShardedIndex:
         self.updatable = bool(updatable)
         self.index_factory = index_factory or _default_factory(self.updatable)
         self.profile = bool(profile)
-        self._placer: torch.cuda.Stream | None = None  # _points' side stream (CUDA)
         self._calls = 0
         self.pipeline = 1
         self._check_s = 0.0
@@ -758,27 +757,6 @@ class ShardedIndex:
         internal = _internal()
         n, C, W = lo.numel(), chunks, self.world
         in_place = self._own_in_place()
-        overlap = C > 1
-        # Pipelined on CUDA, the answers are placed on a side stream: the own pass first (beside the routing),
-        # then each chunk's returned answers as they land, while the main stream looks up the next chunks.
-        cur = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
-        side = self._placing_stream() if cur is not None and overlap else None
-
-        def failed_answers(*shape: int) -> torch.Tensor:
-            return torch.full(shape, _FAILED, dtype=torch.int64, device=self.device)
-
-        def own() -> tuple[tuple[torch.Tensor, torch.Tensor], BaseException | None]:
-            if not in_place:
-                return tuple(torch.empty(n, dtype=torch.int64, device=self.device) for _ in range(2)), None
-            return self._guarded(lambda: self._own_answers(op, lo, values),
-                                 lambda: (failed_answers(n), failed_answers(n)))
-
-        if side is not None:
-            side.wait_stream(cur)  # the queries and the value column are ready there
-            with torch.cuda.stream(side):
-                (first, second), err = own()
-            first.record_stream(cur)  # returned to the caller, who reads them on the current stream
-            second.record_stream(cur)
         part_err = None
         try:
             self._maybe_fault("partition")
@@ -787,7 +765,6 @@ class ShardedIndex:
         except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
             part_err = e
             counts = torch.zeros((C, W), dtype=torch.int64, device=self.device)
-            positions = counts.new_empty(0)
         st.mark("partition")
         sent, got_counts = self._exchange_counts(op, counts.t(), part_err)  # row d: every chunk's count to rank d
         sc, rc = [list(col) for col in zip(*sent)], [list(col) for col in zip(*got_counts)]  # each [chunk][rank]
@@ -795,6 +772,10 @@ class ShardedIndex:
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
 
+        def failed_answers(*shape: int) -> torch.Tensor:
+            return torch.full(shape, _FAILED, dtype=torch.int64, device=self.device)
+
+        overlap = C > 1
         # The queries travel while the own ones are looked up, also in one chunk (unless profiling, which times
         # the exchange as a stage of its own).
         flight = overlap or not st.on
@@ -807,8 +788,12 @@ class ShardedIndex:
             outgoing.append((got, work))
         if not overlap:
             st.mark("exchange")
-        if side is None:  # the own pass now: it needs no exchange, so it runs while the queries are in flight
-            (first, second), err = own()
+        err = None
+        if in_place:  # first: they need no exchange, so they run while the first chunk's queries are in flight
+            (first, second), err = self._guarded(lambda: self._own_answers(op, lo, values),
+                                                 lambda: (failed_answers(n), failed_answers(n)))
+        else:
+            first, second = (torch.empty(n, dtype=torch.int64, device=self.device) for _ in range(2))
         back = torch.empty((starts[-1], 2), dtype=torch.int64, device=self.device)
         returns = []
         for c in range(C):
@@ -824,35 +809,21 @@ class ShardedIndex:
             work = dist.all_to_all_single(dest, ans, sc[c], rc[c], group=self.group, async_op=overlap)
             st.moved(ans, dest, rc[c])
             returns.append((work, ans))  # ans stays referenced until its send is done
-            if side is not None:  # placed as soon as they land (after the own pass: both write the columns)
-                with torch.cuda.stream(side):
-                    work.wait()
-                    internal.scatter_answers_into(dest, positions[starts[c]:starts[c + 1]], first, second)
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
         if err is not None:
             failed.fill_(1)
         dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=self.group)
-        if side is not None:
-            cur.wait_stream(side)
-            st.mark("local")  # (profiling) the placing is part of it
-        else:
-            for work, _ in returns:
-                if work is not None:
-                    work.wait()
-            st.mark("local" if overlap else "return")
-            internal.scatter_answers_into(back, positions[:starts[-1]], first, second)
+        for work, _ in returns:
+            if work is not None:
+                work.wait()
+        st.mark("local" if overlap else "return")
+        internal.scatter_answers_into(back, positions[:starts[-1]], first, second)
         if err is not None or bool(failed):
             count_col = 0 if "aggregate" in op else 1
             self._raise_failed(op, err, back[:, count_col] == _FAILED, [x for row in sc for x in row])
         st.mark("scatter")
         return _point_answer(op, first, second, value_dtype)
-
-    def _placing_stream(self) -> torch.cuda.Stream:
-        """The side stream :meth:`_points` places answers on (one per index, made on first use)."""
-        if self._placer is None:
-            self._placer = torch.cuda.Stream(device=self.device)
-        return self._placer
 
     def _combine(self, op: str, back: torch.Tensor, order: torch.Tensor, query: torch.Tensor, n: int,
                  value_dtype: torch.dtype | None, dropped: torch.Tensor | None = None):
