@@ -67,7 +67,11 @@ def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tens
     else:
         a = 1 - s
         r = (((n + 1) ** a - 1) * u + 1) ** (1 / a)
-    rank = (r.floor().to(torch.int64) - 1).clamp(0, n - 1)
+    return rank_positions((r.floor().to(torch.int64) - 1).clamp(0, n - 1), n)
+
+
+def rank_positions(rank: torch.Tensor, n: int) -> torch.Tensor:
+    """The key position of each Zipf rank (0: the hottest): the fixed shuffle of zipf_positions."""
     if n & (n - 1) == 0:
         return (rank * (ODD % n if n > 1 else 1) + 12345) & (n - 1)
     return (rank * 2654435761 + 12345) % n
@@ -101,6 +105,11 @@ def main() -> None:
     ap.add_argument("--pcie-gbs", type=float, default=55.0, help="copy rate of the copy floor, GB/s (H100: 55)")
     ap.add_argument("--modes", default="", help="comma-separated serving modes to run (default: all), e.g. "
                     "chunked,gpu_only")
+    ap.add_argument("--hot-keys", type=int, default=None,
+                    help="the hot tier's capacity in keys (ChunkedIndex(hot_keys=...); default: automatic)")
+    ap.add_argument("--hot-given", action="store_true",
+                    help="skewed batches also in mode hot_given: the tier warmed once with the hottest keys of the "
+                    "law (ChunkedIndex.warm, what a caller who knows its hot IDs does), not learned")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
     ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
@@ -131,7 +140,8 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats(dev)
         base_mem = torch.cuda.memory_allocated(dev)
     t0 = time.perf_counter()
-    index = ChunkedIndex(keys, device=dev, chunk_bytes=chunk_bytes, gpu_budget=budget, progress=True)
+    index = ChunkedIndex(keys, device=dev, chunk_bytes=chunk_bytes, gpu_budget=budget, hot_keys=args.hot_keys,
+                         progress=True)
     sync(dev)
     build_s = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(dev) - base_mem) if cuda else None
@@ -202,6 +212,7 @@ def main() -> None:
             # chunked: GPU and CPU with the hot tier; no_hot: the chunks alone (skewed batches only);
             # gpu_only / cpu_only: one side serving (cpu_only without the hot tier)
             modes = [("chunked", "auto", True)] + ([("no_hot", "auto", False)] if s else [])
+            modes += [("hot_given", "auto", True)] if s and args.hot_given and index.hot_capacity else []
             # no_in_place: chunked with every GPU queue served from the cache (copied in), the plan before the GPU
             # could read a small queue's chunk in place
             modes += [("no_in_place", "auto", True)] if cuda else []
@@ -220,6 +231,12 @@ def main() -> None:
                 index.read_in_place = False if mode == "no_in_place" else None
                 index.hot_tier = hot
                 index.clear_hot()  # every mode learns its hot keys from its own training batches
+                if mode == "hot_given":  # but this one is given the law's hottest keys, and keeps them
+                    t0 = time.perf_counter()
+                    top = rank_positions(torch.arange(index.hot_capacity), n)
+                    given = index.warm(keys.index_select(0, top).to(dev))
+                    print(f"hot_given {dist}: tier warmed with {given} of the {index.hot_capacity} hottest keys in "
+                          f"{time.perf_counter() - t0:.1f} s", flush=True)
                 index.reset_stats()
                 per_batch, ok = [], True
                 for i, pos in enumerate(pos_all):
@@ -268,7 +285,7 @@ def main() -> None:
                           f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']} (in place "
                           f"{r['queries_in_place']})  cpu "
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}", flush=True)
-                if s and hot and mode == "chunked":
+                if s and hot and mode in ("chunked", "hot_given"):
                     # The floor for the tier's misses: rank r is drawn with P(rank < K) from the continuous law the
                     # queries come from; every miss needs host memory (the CPU's rate, its chunk copied in, or the
                     # GPU reading the chunk in place).
@@ -287,16 +304,16 @@ def main() -> None:
                     # learned (any mode, any batch: a generous rate keeps the floor a lower bound)
                     in_place = max((r.get("in_place_rate") or 0.0) for r in result["runs"] + [st])
                     all_ms = 1e3 / ((st["cpu_rate"] + in_place) / max(misses, 1) + floor_rate / max(host_bytes, 1))
-                    z = {"dist": dist, "log_lookups": log_m, "tier_keys": K, "tier_miss_fraction": 1 - hit,
+                    z = {"mode": mode, "dist": dist, "log_lookups": log_m, "tier_keys": K, "tier_miss_fraction": 1 - hit,
                          "misses": misses, "cpu_ms": cpu_ms, "copy_ms": copy_ms, "both_ms": both_ms,
                          "in_place_rate": in_place, "all_three_ms": all_ms,
                          "in_core_ms": in_ms, "floor_x_in_core": all_ms / in_ms if in_ms else None}
                     result["zipf_floor"].append(z)
-                    print(f"zipf floor {dist} 2^{log_m}: tier of {K} keys misses {100 * (1 - hit):.2f}% = "
+                    print(f"zipf floor {mode} {dist} 2^{log_m}: tier of {K} keys misses {100 * (1 - hit):.2f}% = "
                           f"{misses:.0f} queries; CPU alone {cpu_ms:.2f} ms, copies alone {copy_ms:.2f} ms, both "
                           f"{both_ms:.2f} ms, with in-place reads at {in_place / 1e6:.0f} M/s too {all_ms:.2f} ms; "
                           f"in-core {in_ms if in_ms is None else f'{in_ms:.2f} ms'}", flush=True)
-            index.processors, index.hot_tier = "auto", True
+            index.processors, index.hot_tier, index.hot_learn = "auto", True, True
             del pos_all
     # ---- table
     print()

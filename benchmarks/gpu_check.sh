@@ -17,6 +17,8 @@
 #   bash benchmarks/gpu_check.sh chunked    # out of core: 2^30 keys, every serving mode
 #   bash benchmarks/gpu_check.sh chunked31  # out of core on an H200: 2^31 keys (its host holds them, the in-core
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
+#   bash benchmarks/gpu_check.sh chunked_hot  # out of core, 2^30 keys, Zipf batches: a tier of 2^26 keys learned
+#                                           # against the same tier given the law's hottest keys (warm)
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
@@ -96,6 +98,12 @@ case "${1:-}" in
       timeout 560 python3 benchmarks/chunked_bench.py --log-keys 31 --log-lookups 20,24,27 --zipf 1.2 \
         --repeats 1 --train-batches 2 --cpu-max-log-lookups 20 --zero-copy-max-log-lookups 20 --out "$out"
       echo "rc=$?"; } 2>&1 | log "chunked31_$commit.log"
+    ;;
+  chunked_hot)
+    { header "out of core, a hot tier given its keys"
+      timeout 560 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 24,27 --zipf 0.99,1.2 \
+        --hot-keys 67108864 --hot-given --modes chunked,hot_given --repeats 2 --train-batches 2 --out "$out"
+      echo "rc=$?"; } 2>&1 | log "chunked_hot_$commit.log"
     ;;
   updates)
     { header "out-of-core updates"
