@@ -5,7 +5,7 @@ costs against its memory floor. No NCCL: what the stages do between the exchange
     python benchmarks/sharded_stage_probe.py [--log-keys 26] [--log-lookups 27]
 
 Rows: the local CgRXIndex lookup; the same with the local row IDs made global (pack_answers over a monotone
-int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); scatter_answers of
+int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); scatter_answers_into of
 16-byte answers back to the callers' order; a one-GPU lookup of twice the keys and queries (the weak-scaling
 baseline). Prints a table and writes JSON (sharded_probe_<commit>.json) to --out-dir or
 benchmarks/results/<GPU>/.
@@ -70,11 +70,12 @@ def main(argv=None) -> None:
         row(f"partition_queries, 2 owners, {chunks} chunk(s)", ms, nq * (8 + 8 + 8 + 8))
     _, positions, _ = part
     back = torch.stack([res.first_row, count], dim=1)
-    ms, _ = timed(lambda: internal.scatter_answers(back, positions), args.repeats, device=dev)
-    row("scatter_answers (partition order -> callers')", ms, nq * (16 + 8 + 16))
+    cols = [torch.empty(nq, dtype=torch.int64, device=dev) for _ in range(2)]
+    ms, _ = timed(lambda: internal.scatter_answers_into(back, positions, *cols), args.repeats, device=dev)
+    row("scatter_answers_into (partition order -> callers')", ms, nq * (16 + 8 + 16))
     perm = torch.randperm(nq, device=dev, generator=gen)
-    ms, _ = timed(lambda: internal.scatter_answers(back, perm), args.repeats, device=dev)
-    row("scatter_answers, random permutation", ms, nq * (16 + 8 + 16))
+    ms, _ = timed(lambda: internal.scatter_answers_into(back, perm, *cols), args.repeats, device=dev)
+    row("scatter_answers_into, random permutation", ms, nq * (16 + 8 + 16))
     inv = torch.empty_like(positions).index_copy_(0, positions, torch.arange(nq, device=dev))
     ms, _ = timed(lambda: back.index_select(0, inv), args.repeats, device=dev)
     row("gather instead (back.index_select(inv))", ms, nq * (16 + 8 + 16))

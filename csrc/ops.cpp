@@ -196,9 +196,6 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
   // local_to_global unless that is empty; `b` is int64 or int32 (a lookup's counts, widened here).
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");
-  // Answer rows [n, 2] to the caller's order: column j of row i lands at positions[i] of output j (positions: a
-  // permutation of 0 .. n - 1).
-  m.def("scatter_answers(Tensor answers, Tensor positions) -> (Tensor, Tensor)");
   // Answer rows [m, 2] into existing int64 columns of length n: column j of row i written at positions[i] of
   // `first` / `second` (positions: distinct, in 0 .. n - 1); the other entries keep their values.
   m.def("scatter_answers_into(Tensor answers, Tensor positions, Tensor(a!) first, Tensor(b!) second) -> ()");

@@ -1,5 +1,5 @@
 """The sharded index's routing operators (csrc/distributed): partition_queries and partition_padded against a
-reference built with map_keys, searchsorted and a stable argsort; pack_answers, scatter_answers and
+reference built with map_keys, searchsorted and a stable argsort; pack_answers, scatter_answers_into and
 gather_answers against plain torch; opcheck."""
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def test_pack_and_scatter_answers(device, gen, b_dtype):
     with pytest.raises(RuntimeError, match="b must be int64 or int32"):
         internal.pack_answers(a, b.float(), l2g)
     perm = torch.randperm(n, generator=gen).to(device)
-    first, second = internal.scatter_answers(packed, perm)
+    first, second = (torch.empty(n, dtype=torch.int64, device=device) for _ in range(2))
+    internal.scatter_answers_into(packed, perm, first, second)  # a permutation: every entry written once
     assert torch.equal(first[perm], packed[:, 0]) and torch.equal(second[perm], packed[:, 1])
     assert first.is_contiguous() and second.is_contiguous()
 
@@ -224,7 +225,6 @@ def test_opcheck(device, gen):
                                  torch.arange(20, device=device) * 3)),
         (internal.pack_answers, (torch.arange(10, device=device) - 1, torch.ones(10, dtype=torch.int32, device=device),
                                  torch.arange(20, device=device)[:0])),
-        (internal.scatter_answers, (torch.arange(20, device=device).view(10, 2), torch.randperm(10, generator=gen).to(device))),
         (internal.scatter_answers_into, (torch.arange(8, device=device).view(4, 2), torch.randperm(10, generator=gen)[:4].to(device),
                                          torch.zeros(10, dtype=torch.int64, device=device),
                                          torch.ones(10, dtype=torch.int64, device=device))),

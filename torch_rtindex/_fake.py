@@ -216,12 +216,6 @@ def _(local, local_to_global, base):
     return torch.empty_like(local)
 
 
-@register_fake("rtindex_internal::scatter_answers")
-def _(answers, positions):
-    n = answers.shape[0]
-    return answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64)
-
-
 @register_fake("rtindex_internal::scatter_answers_into")
 def _(answers, positions, first, second):
     return None

@@ -50,14 +50,6 @@ inline std::tuple<at::Tensor, at::Tensor> answer_columns(int64_t n, const at::Te
   return {at::empty({n}, options), at::empty({n}, options)};
 }
 
-inline void check_answers(const at::Tensor& answers, const at::Tensor& positions) {
-  TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
-              "answers must be an int64 tensor [n, 2], got ", answers.scalar_type(), " ", answers.sizes());
-  TORCH_CHECK(positions.dim() == 1 && positions.scalar_type() == at::kLong && positions.numel() == answers.size(0),
-              "positions must be an int64 tensor with one entry per answer");
-  check_same_device(answers, positions, "answers", "positions");
-}
-
 // scatter_answers_into: m answer rows into two int64 output columns of one length n >= m.
 inline void check_answers_into(const at::Tensor& answers, const at::Tensor& positions, const at::Tensor& first,
                                const at::Tensor& second) {

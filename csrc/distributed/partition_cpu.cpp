@@ -218,15 +218,6 @@ bool scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Te
   return !bad.load();
 }
 
-// answers[j] belongs to the caller's query positions[j]: both columns written there, as contiguous outputs.
-std::tuple<at::Tensor, at::Tensor> scatter_answers_cpu(const at::Tensor& answers, const at::Tensor& positions) {
-  check_answers(answers, positions);
-  auto [first, second] = answer_columns(answers.size(0), answers.options());
-  TORCH_CHECK(scatter_rows(answers, positions, first, second),
-              "scatter_answers: positions must be a permutation of 0 .. n - 1");
-  return {first, second};
-}
-
 void scatter_answers_into_cpu(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
                               at::Tensor second) {
   check_answers_into(answers, positions, first, second);
@@ -271,7 +262,6 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
   m.impl("gather_answers", &gather_answers_cpu);
   m.impl("global_rows", &global_rows_cpu);
   m.impl("pack_answers", &pack_answers_cpu);
-  m.impl("scatter_answers", &scatter_answers_cpu);
   m.impl("scatter_answers_into", &scatter_answers_into_cpu);
 }
 

@@ -301,14 +301,6 @@ void scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Te
   RTX_CHECK_LAUNCH();
 }
 
-std::tuple<at::Tensor, at::Tensor> scatter_answers_cuda(const at::Tensor& answers, const at::Tensor& positions) {
-  check_answers(answers, positions);
-  const c10::cuda::CUDAGuard guard(answers.device());
-  auto [first, second] = answer_columns(answers.size(0), answers.options());
-  scatter_rows(answers, positions, first, second);
-  return {first, second};
-}
-
 void scatter_answers_into_cuda(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
                                at::Tensor second) {
   check_answers_into(answers, positions, first, second);
@@ -323,7 +315,6 @@ TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) {
   m.impl("partition_padded", &partition_padded_cuda);
   m.impl("gather_answers", &gather_answers_cuda);
   m.impl("pack_answers", &pack_answers_cuda);
-  m.impl("scatter_answers", &scatter_answers_cuda);
   m.impl("scatter_answers_into", &scatter_answers_into_cuda);
   m.impl("global_rows", &global_rows_cuda);
 }

@@ -42,6 +42,9 @@ MIN_CHUNK_QUERIES = 1 << 20
 # the whole batch costs a miss per other rank's query, which outweighs routing its own (1 / W of them) from
 # three ranks on (measured at two and four: benchmarks/results/README.md).
 OWN_IN_PLACE_MAX_WORLD = 2
+# ... and on these devices: on the CPU that pass measured slower than looking up the own pieces the partition
+# gathers (two gloo processes, results README).
+OWN_IN_PLACE_DEVICES = ("cuda",)
 
 _DTYPE_CODES = {torch.int64: 0, torch.int32: 1, torch.float32: 2, torch.float64: 3}
 if hasattr(torch, "uint64"):
@@ -721,9 +724,10 @@ class ShardedIndex:
     def _own_in_place(self) -> bool:
         """Whether this rank answers its own point queries where they lie (:meth:`_own_answers`): a cgRX shard,
         whose search of another rank's key ends at its first or last bucket (the same few cache lines for every
-        such key), in a group of at most OWN_IN_PLACE_MAX_WORLD ranks (the others' keys are (W - 1) / W of
-        the pass)."""
-        return isinstance(self._local, CgRXSearch) and self.world <= OWN_IN_PLACE_MAX_WORLD
+        such key), on a device of OWN_IN_PLACE_DEVICES, in a group of at most OWN_IN_PLACE_MAX_WORLD ranks (the
+        others' keys are (W - 1) / W of the pass)."""
+        return (self.device.type in OWN_IN_PLACE_DEVICES and isinstance(self._local, CgRXSearch)
+                and self.world <= OWN_IN_PLACE_MAX_WORLD)
 
     def _own_answers(self, op: str, lo: torch.Tensor, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The local index's answers to the caller's whole batch, in its order and dtype (the kernels map the
@@ -748,20 +752,25 @@ class ShardedIndex:
         several chunks the exchanges are asynchronous, so on CUDA (NCCL runs them on its own stream) they
         overlap the local lookups of other chunks. Where :meth:`_own_in_place`, this rank's own queries stay
         out of the routing: the local index answers the caller's batch as it lies, while the first chunk's
-        queries are in flight, and the owners' answers land over the others (scatter_answers_into); otherwise
-        every query goes through the exchange and the answers to the caller's order in one pass.
+        queries are in flight, and the owners' answers land over the others; otherwise the answers land in one
+        buffer in send order. Either way one pass puts them in the caller's order (scatter_answers_into).
 
         Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
         the counts exchange (every rank raises before queries move); a failed local lookup answers _FAILED and
         is a flag in the all_reduce after the returns (its rank and every rank it owed answers raise)."""
         internal = _internal()
-        n, C, W = lo.numel(), chunks, self.world
+        n, C, W, r = lo.numel(), chunks, self.world, self.rank
+        # Where this rank's own queries are answered: in place (:meth:`_own_in_place`: the partition leaves them
+        # out); else, on the first and the last rank, as pieces: the partition puts the own piece of each chunk
+        # at an end of the chunk's send buffer, looked up there instead of being copied to itself by the
+        # exchange. A middle rank's piece lies between other ranks' pieces and goes through the exchange.
         in_place = self._own_in_place()
+        pieces = not in_place and r in (0, W - 1)
         part_err = None
         try:
             self._maybe_fault("partition")
             keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[self.key_type], self._splitters ^ _SIGN, C,
-                                                                 self.rank if in_place else -1)
+                                                                 r if in_place else -1)
         except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
             part_err = e
             counts = torch.zeros((C, W), dtype=torch.int64, device=self.device)
@@ -772,6 +781,14 @@ class ShardedIndex:
         for c in range(C):
             starts.append(starts[-1] + sum(sc[c]))
 
+        def remote(c: int, row: list[int]) -> tuple[int, int, list[int]]:
+            """The exchanged part of chunk c's buffer (start, end) and its splits, given one row of counts."""
+            lo, hi = starts[c], starts[c + 1]
+            if not pieces:
+                return lo, hi, row
+            lo, hi = (lo + row[r], hi) if r == 0 else (lo, lo + sum(row[:r]))
+            return lo, hi, [0 if j == r else x for j, x in enumerate(row)]
+
         def failed_answers(*shape: int) -> torch.Tensor:
             return torch.full(shape, _FAILED, dtype=torch.int64, device=self.device)
 
@@ -781,23 +798,35 @@ class ShardedIndex:
         flight = overlap or not st.on
         outgoing = []
         for c in range(C):
-            part = keys[starts[c]:starts[c + 1]]
-            got = keys.new_empty(sum(rc[c]))
-            work = dist.all_to_all_single(got, part, rc[c], sc[c], group=self.group, async_op=flight)
-            st.moved(part, got, sc[c])
-            outgoing.append((got, work))
+            lo_c, hi_c, send = remote(c, sc[c])
+            _, _, recv = remote(c, rc[c])
+            part = keys[lo_c:hi_c]
+            got = keys.new_empty(sum(recv))
+            work = dist.all_to_all_single(got, part, recv, send, group=self.group, async_op=flight)
+            st.moved(part, got, send)
+            outgoing.append((got, work, lo_c, hi_c, send, recv))
         if not overlap:
             st.mark("exchange")
+        # The own answers first: they need no exchange, so they run while the first chunk's queries are in flight.
+        back = torch.empty((starts[-1], 2), dtype=torch.int64, device=self.device)
         err = None
-        if in_place:  # first: they need no exchange, so they run while the first chunk's queries are in flight
+        if in_place:
             (first, second), err = self._guarded(lambda: self._own_answers(op, lo, values),
                                                  lambda: (failed_answers(n), failed_answers(n)))
         else:
             first, second = (torch.empty(n, dtype=torch.int64, device=self.device) for _ in range(2))
-        back = torch.empty((starts[-1], 2), dtype=torch.int64, device=self.device)
+        if pieces:
+            for c in range(C):
+                a = starts[c] + sum(sc[c][:r])
+                mine = keys[a:a + sc[c][r]]
+                if mine.numel():
+                    ans, e = self._guarded(lambda: self._local_per_query(op, mine, None, values),
+                                           lambda: failed_answers(mine.numel(), 2))
+                    err = err or e
+                    back[a:a + mine.numel()].copy_(ans)
         returns = []
         for c in range(C):
-            got, work = outgoing[c]
+            got, work, lo_c, hi_c, send, recv = outgoing[c]
             if work is not None:
                 work.wait()
             ans, e = self._guarded(lambda: self._local_per_query(op, got, None, values),
@@ -805,9 +834,9 @@ class ShardedIndex:
             err = err or e
             if not overlap:
                 st.mark("local")
-            dest = back[starts[c]:starts[c + 1]]
-            work = dist.all_to_all_single(dest, ans, sc[c], rc[c], group=self.group, async_op=overlap)
-            st.moved(ans, dest, rc[c])
+            dest = back[lo_c:hi_c]
+            work = dist.all_to_all_single(dest, ans, send, recv, group=self.group, async_op=overlap)
+            st.moved(ans, dest, recv)
             returns.append((work, ans))  # ans stays referenced until its send is done
         # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
         failed = torch.zeros(1, dtype=torch.int64, device=self.device)
