@@ -197,7 +197,9 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // local_to_global unless that is empty; `b` is int64 or int32 (a lookup's counts, widened here).
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");
   // Answer rows [m, 2] into existing int64 columns of length n: column j of row i written at positions[i] of
-  // `first` / `second` (positions: distinct, in 0 .. n - 1); the other entries keep their values.
+  // `first` / `second`; the other entries keep their values. Positions must be distinct (not checked: which
+  // row lands is undefined otherwise) and in 0 .. n - 1 (the CPU kernel raises after writing the others; CUDA
+  // drops those rows).
   m.def("scatter_answers_into(Tensor answers, Tensor positions, Tensor(a!) first, Tensor(b!) second) -> ()");
   // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
   // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.

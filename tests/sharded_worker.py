@@ -341,8 +341,10 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
 
     for form, call in (("lookup", lambda: idx.lookup(q)), ("range", lambda: idx.range(q, q + 3)),
                        ("range_capped", lambda: idx.range_capped(q, q + 3, 5))):
-        # A shard answering in global rows looks points up through _spare_lookup: both fail.
-        names = {"lookup": ("lookup", "_spare_lookup"), "range": ("range",), "range_capped": ("range_capped",)}[form]
+        # A shard answering in global rows looks points up through _spare_lookup, and its own queries in place
+        # through the _as forms: all fail.
+        names = {"lookup": ("lookup", "_spare_lookup", "_point_call_as", "_spare_lookup_as"), "range": ("range",),
+                 "range_capped": ("range_capped",)}[form]
         if rank == bad:
             for name in names:
                 setattr(idx._local, name, oom)
@@ -351,12 +353,29 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
             for name in names:
                 delattr(idx._local, name)
     idx.pipeline = 2
+    names = ("lookup", "_spare_lookup", "_point_call_as", "_spare_lookup_as")
     if rank == bad:
-        idx._local.lookup = idx._local._spare_lookup = oom
+        for name in names:
+            setattr(idx._local, name, oom)
     ck.raises(lambda: idx.lookup(q), "pipelined lookup: local out of memory on one rank", "rank")
     if rank == bad:
-        del idx._local.lookup, idx._local._spare_lookup
+        for name in names:
+            delattr(idx._local, name)
     idx.pipeline = 1
+    if idx._own_in_place():  # only the pass over a rank's own queries fails: that rank raises, the others answer
+        for pipeline in (1, 2):
+            idx.pipeline = pipeline
+            if rank == bad:
+                idx._local._point_call_as = idx._local._spare_lookup_as = oom
+            try:
+                got = idx.lookup(q)
+                ck.ok(rank != bad, f"own pass failing (pipeline {pipeline}): the failing rank raised")
+                ck.eq(got.first_row, want.first_row, f"own pass failing elsewhere (pipeline {pipeline}): answers")
+            except ShardedIndexError as e:
+                ck.ok(rank == bad and f"rank {bad}" in str(e), f"own pass failing (pipeline {pipeline}): {e}")
+            if rank == bad:
+                del idx._local._point_call_as, idx._local._spare_lookup_as
+        idx.pipeline = 1
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")
     upd = ShardedIndex(keys, updatable=True, group=group)
@@ -768,10 +787,10 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
          lambda b: ShardedIndex.from_gathered_state({} if b else gathered)),
         ("build: the local index fails", None, lambda b: ShardedIndex(keys, index_factory=oom if b else None)),
         ("pipelined lookup: routing fails", (idx, "partition", None), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
-        ("pipelined lookup: local lookup of chunk 0 fails", (idx, "local", {1}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
-        ("pipelined lookup: local lookup of chunk 1 fails", (idx, "local", {2}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
+        ("pipelined lookup: the first local lookup (own) fails", (idx, "local", {1}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
+        ("pipelined lookup: the second local lookup fails", (idx, "local", {2}), lambda b: at_pipeline(2, lambda: idx.lookup(q))),
         ("pipelined lookup: every local lookup fails", (idx, "local", None), lambda b: at_pipeline(3, lambda: idx.lookup(q))),
-        ("pipelined aggregate: local lookup of chunk 1 fails", (idx, "local", {2}),
+        ("pipelined aggregate: the second local lookup fails", (idx, "local", {2}),
          lambda b: at_pipeline(2, lambda: idx.aggregate(q, vals))),
         ("lookup: routing fails", (idx, "partition", None), lambda b: idx.lookup(q)),
         ("lookup: local lookup fails", (idx, "local", None), lambda b: idx.lookup(q)),

@@ -101,7 +101,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::T
       out_pos[dst] = i;
     });
   });
-  if (skip >= 0) {  // the tail the skipped queries leave: zeros here (unspecified on CUDA, which does not know it)
+  if (skip >= 0) {  // the tail the skipped queries leave: zeros, so that the CPU outputs are deterministic (CUDA
+                   // leaves it: its kernels do not know where it starts)
     const int64_t routed = counts.sum().item<int64_t>();
     keys.slice(0, routed).zero_();
     positions.slice(0, routed).zero_();
@@ -218,8 +219,8 @@ bool scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Te
   return !bad.load();
 }
 
-void scatter_answers_into_cpu(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
-                              at::Tensor second) {
+void scatter_answers_into_cpu(const at::Tensor& answers, const at::Tensor& positions, at::Tensor& first,
+                              at::Tensor& second) {
   check_answers_into(answers, positions, first, second);
   TORCH_CHECK(scatter_rows(answers, positions, first, second), "scatter_answers_into: a position is outside 0 .. ",
               first.numel() - 1);

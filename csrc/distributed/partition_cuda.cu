@@ -301,8 +301,8 @@ void scatter_rows(const at::Tensor& answers, const at::Tensor& positions, at::Te
   RTX_CHECK_LAUNCH();
 }
 
-void scatter_answers_into_cuda(const at::Tensor& answers, const at::Tensor& positions, at::Tensor first,
-                               at::Tensor second) {
+void scatter_answers_into_cuda(const at::Tensor& answers, const at::Tensor& positions, at::Tensor& first,
+                               at::Tensor& second) {
   check_answers_into(answers, positions, first, second);
   const c10::cuda::CUDAGuard guard(answers.device());
   scatter_rows(answers, positions, first, second);

@@ -722,12 +722,13 @@ class ShardedIndex:
         return max(1, min(most, largest // MIN_CHUNK_QUERIES))
 
     def _own_in_place(self) -> bool:
-        """Whether this rank answers its own point queries where they lie (:meth:`_own_answers`): a cgRX shard,
-        whose search of another rank's key ends at its first or last bucket (the same few cache lines for every
-        such key), on a device of OWN_IN_PLACE_DEVICES, in a group of at most OWN_IN_PLACE_MAX_WORLD ranks (the
+        """Whether this rank answers its own point queries where they lie (:meth:`_own_answers`): a cgRX shard
+        that searches (not one tracing rays, whose large batches want the query sort that pass skips), whose
+        search of another rank's key ends at its first or last bucket (the same few cache lines for every such
+        key), on a device of OWN_IN_PLACE_DEVICES, in a group of at most OWN_IN_PLACE_MAX_WORLD ranks (the
         others' keys are (W - 1) / W of the pass)."""
         return (self.device.type in OWN_IN_PLACE_DEVICES and isinstance(self._local, CgRXSearch)
-                and self.world <= OWN_IN_PLACE_MAX_WORLD)
+                and not self._local._traces_rays() and self.world <= OWN_IN_PLACE_MAX_WORLD)
 
     def _own_answers(self, op: str, lo: torch.Tensor, values: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The local index's answers to the caller's whole batch, in its order and dtype (the kernels map the
