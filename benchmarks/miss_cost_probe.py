@@ -6,29 +6,15 @@ over the caller's whole batch answers for the other ranks' keys), against hits, 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rx_bench import git_commit  # noqa: E402  (also puts the repository on sys.path, after PYTHONPATH)
+from rx_bench import git_commit, timed  # noqa: E402  (also puts the repository on sys.path, after PYTHONPATH)
 
 from torch_rtindex import CgRXIndex  # noqa: E402
-
-
-def timed(fn, repeats: int = 7) -> float:
-    fn()
-    ms = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b))
-    return statistics.median(ms)
 
 
 def main() -> None:
@@ -52,10 +38,10 @@ def main() -> None:
     }
     base = None
     for name, q in rows.items():
-        ms = timed(lambda: index.lookup(q))
+        ms, _ = timed(lambda: index.lookup(q), repeats=7)
         base = base or ms
         print(f"{name:45s} {ms:8.3f} ms  ({ms / base:.2f}x hits)")
-    half = timed(lambda: index.lookup(hits[:n]))
+    half, _ = timed(lambda: index.lookup(hits[:n]), repeats=7)
     print(f"{'hits, half the queries':45s} {half:8.3f} ms")
 
 

@@ -342,8 +342,8 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     for form, call in (("lookup", lambda: idx.lookup(q)), ("range", lambda: idx.range(q, q + 3)),
                        ("range_capped", lambda: idx.range_capped(q, q + 3, 5))):
         # A shard answering in global rows looks points up through _spare_lookup, and its own queries in place
-        # through the _as forms: all fail.
-        names = {"lookup": ("lookup", "_spare_lookup", "_point_call_as", "_spare_lookup_as"), "range": ("range",),
+        # through _point_call_as where it has no spare rows: all fail.
+        names = {"lookup": ("lookup", "_spare_lookup", "_point_call_as"), "range": ("range",),
                  "range_capped": ("range_capped",)}[form]
         if rank == bad:
             for name in names:
@@ -353,7 +353,7 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
             for name in names:
                 delattr(idx._local, name)
     idx.pipeline = 2
-    names = ("lookup", "_spare_lookup", "_point_call_as", "_spare_lookup_as")
+    names = ("lookup", "_spare_lookup", "_point_call_as")
     if rank == bad:
         for name in names:
             setattr(idx._local, name, oom)
@@ -365,8 +365,10 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     if idx._own_in_place():  # only the pass over a rank's own queries fails: that rank raises, the others answer
         for pipeline in (1, 2):
             idx.pipeline = pipeline
-            if rank == bad:
-                idx._local._point_call_as = idx._local._spare_lookup_as = oom
+            if rank == bad:  # the in-place pass calls these with the caller's key type, the exchange's lookup not
+                idx._local._point_call_as = oom
+                idx._local._spare_lookup = lambda lo, hi=None, key_type=None, f=idx._local._spare_lookup: (
+                    oom() if key_type is not None else f(lo, hi))
             try:
                 got = idx.lookup(q)
                 ck.ok(rank != bad, f"own pass failing (pipeline {pipeline}): the failing rank raised")
@@ -374,7 +376,7 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
             except ShardedIndexError as e:
                 ck.ok(rank == bad and f"rank {bad}" in str(e), f"own pass failing (pipeline {pipeline}): {e}")
             if rank == bad:
-                del idx._local._point_call_as, idx._local._spare_lookup_as
+                del idx._local._point_call_as, idx._local._spare_lookup
         idx.pipeline = 1
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")

@@ -218,20 +218,16 @@ class CgRXIndex(CgRXSearch):
         self._spare = (self._pairs, self._config(self.key_type, True), self._config("uint64", True))
         return True
 
-    def _spare_lookup(self, lo: torch.Tensor, hi: torch.Tensor | None = None) -> Lookup | None:
+    def _spare_lookup(self, lo: torch.Tensor, hi: torch.Tensor | None = None, key_type: str | None = None) -> Lookup | None:
         """``lookup(lo)`` / ``range_lookup(lo, hi)`` answered with the rows :meth:`_set_spare_rows` wrote (the
-        smallest one per query: they must rise with the row IDs); None where those are gone (a rebuild)."""
+        smallest one per query: they must rise with the row IDs); None where those are gone (a rebuild).
+        ``key_type``: point queries of another key type (:meth:`_point_call_as`)."""
         spare = self._spare
         if spare is None or spare[0] is not self._pairs:
             return None
+        if key_type is not None:
+            return Lookup(*self._point_call_as("lookup", lo, key_type, cfg=self._config(key_type, True)))
         return Lookup(*self._call("lookup", lo, hi, "range_lookup" if hi is not None else "lookup", configs=spare[1:]))
-
-    def _spare_lookup_as(self, lo: torch.Tensor, key_type: str) -> Lookup | None:
-        """:meth:`_spare_lookup` of point queries of another key type (:meth:`_point_call_as`)."""
-        spare = self._spare
-        if spare is None or spare[0] is not self._pairs:
-            return None
-        return Lookup(*self._point_call_as("lookup", lo, key_type, cfg=self._config(key_type, True)))
 
     # ---------------------------------------------------------------------------------- state and devices
     def _held_keys(self) -> torch.Tensor:

@@ -697,20 +697,33 @@ class ShardedIndex:
                          values: torch.Tensor | None) -> torch.Tensor:
         """Local answers packed as int64 [R, 2]: (first global row, count) or (count, sum bits), written in one
         pass that also makes the local row IDs global and widens an int32 count (pack_answers)."""
+        return _internal().pack_answers(*self._local_columns(op, rlo, rhi, values))
+
+    def _local_columns(self, op: str, rlo: torch.Tensor, rhi: torch.Tensor | None, values: torch.Tensor | None,
+                       key_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The local index's answers as two columns, (first row, count) or (count, sum bits), and the map the
+        first column still goes through (empty: none). ``key_type``: ``rlo`` holds point queries of that type
+        (the caller's, for :meth:`_own_answers`; the kernels map them) rather than ordered keys."""
         self._maybe_fault("local")
-        loc, pack, none = self._local, _internal().pack_answers, self._l2g[:0]
+        loc, none = self._local, self._l2g[:0]
         if op == "range_count":  # the local index counts from positions where it can; no first row to map
             count = loc.range_count(rlo, rhi)
-            return pack(torch.full_like(count, -1, dtype=torch.int64), count, none)
+            return torch.full_like(count, -1, dtype=torch.int64), count, none
         if op.startswith("lookup") or op.startswith("range_lookup"):
-            r = loc._spare_lookup(rlo, rhi) if self._spare_rows else None  # global rows from the shard itself
+            r = loc._spare_lookup(rlo, rhi, key_type) if self._spare_rows else None  # global rows from the shard
             if r is not None:
-                return pack(r.first_row, r.count, none)
-            r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
-            return pack(r.first_row, r.count, self._l2g)
-        a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
+                return r.first_row, r.count, none
+            if key_type is not None:
+                r = Lookup(*loc._point_call_as("lookup", rlo, key_type))
+            else:
+                r = loc.lookup(rlo) if rhi is None else loc.range_lookup(rlo, rhi)
+            return r.first_row, r.count, self._l2g
+        if key_type is not None:
+            a = Aggregate(*loc._point_call_as("aggregate", rlo, key_type, values))
+        else:
+            a = loc.aggregate(rlo, values) if rhi is None else loc.range_aggregate(rlo, rhi, values)
         s = a.sum.view(torch.int64) if a.sum.dtype == torch.float64 else a.sum.to(torch.int64)
-        return pack(a.count.to(torch.int64), s, none)
+        return a.count.to(torch.int64), s, none
 
     def _point_chunks(self, largest: int) -> int:
         """Chunks of a point lookup through partition_queries (0: through the pieces path instead): at most the
@@ -734,16 +747,8 @@ class ShardedIndex:
         """The local index's answers to the caller's whole batch, in its order and dtype (the kernels map the
         keys), as the two int64 columns of :meth:`_local_per_query`'s rows. Right for this rank's own queries;
         the others' keys lie outside its keys (misses), and their owners' answers overwrite them."""
-        self._maybe_fault("local")
-        loc, kt = self._local, self.key_type
-        if op == "lookup":
-            r = loc._spare_lookup_as(lo, kt) if self._spare_rows else None  # global rows from the shard itself
-            if r is not None:
-                return r.first_row, r.count
-            first, count = loc._point_call_as("lookup", lo, kt)
-            return _internal().global_rows(first, self._l2g, 0), count
-        count, s = loc._point_call_as("aggregate", lo, kt, values)
-        return count.to(torch.int64), s.view(torch.int64) if s.dtype == torch.float64 else s.to(torch.int64)
+        first, second, l2g = self._local_columns(op, lo, None, values, self.key_type)
+        return (_internal().global_rows(first, l2g, 0) if l2g.numel() else first), second.to(torch.int64)
 
     def _points(self, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dtype, chunks: int,
                 st: _Stages):
