@@ -116,7 +116,8 @@ def main() -> None:
     asend = torch.zeros(n_remote * 3, dtype=torch.int32, device=dev)  # 12 bytes per answer
     arecv = torch.empty_like(asend)
     back = torch.zeros(n_remote, 2, dtype=torch.int64, device=dev)
-    positions = torch.randperm(nq, generator=gen, device=dev)[:n_remote]
+    # One owner's segment of a partition: ascending caller positions (the partition is stable).
+    positions = torch.sort(torch.randperm(nq, generator=gen, device=dev)[:n_remote]).values
     cols = [torch.empty(nq, dtype=torch.int64, device=dev) for _ in range(2)]
     side = torch.cuda.Stream(priority=-1)
     int64 = KEY_TYPES["int64"]

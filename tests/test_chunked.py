@@ -951,6 +951,42 @@ def test_zero_copy_serving_matches_cgrx(gen, updatable):
         assert got.first_row.tolist() == [keys.numel()] and got.count.tolist() == [1]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("updatable", [False, True])
+def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
+    """Where gpu_budget holds every chunk's search part and still two chunks, in-place reads keep each chunk's
+    representatives and radix table in GPU memory (made on its first read) and read only the rest over PCIe;
+    the answers are unchanged, also after updates that rewrite chunks; a budget without that room keeps none."""
+    keys = int64_keys("uniform", 4000, gen)
+    index = chunked(keys, "cuda", gpu_budget=64 * SMALL, updatable=updatable, processors="zero_copy", hot_keys=0)
+    assert index._search_budget > 0 and index.memory()["search"] == 0
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=300)
+    assert 0 < index.memory()["search"] <= index._search_budget
+    assert index.memory()["search"] + index._cache.budget + index.memory()["hot"] <= index.gpu_budget
+    ref_keys, ref_rows = keys.tolist(), list(range(keys.numel()))
+    ins = keys[:50] + 1  # lands in existing chunks (node chunks: applied in place)
+    index.insert(ins.cuda(), torch.arange(keys.numel(), keys.numel() + 50, device="cuda"))
+    index.delete(keys[100:150].cuda())
+    ref_keys, ref_rows = ref_keys + ins.tolist(), ref_rows + list(range(keys.numel(), keys.numel() + 50))
+    kept = [(k, r) for k, r in zip(ref_keys, ref_rows) if not (100 <= r < 150)]
+    probe = [k for k, _ in kept[::7]] + keys[100:150:5].tolist()
+    cg = CgRXIndex(torch.tensor([k for k, _ in kept]))
+    got, want = index.lookup(torch.tensor(probe, device="cuda")), cg.lookup(torch.tensor(probe))
+    rows = torch.tensor([r for _, r in kept])
+    assert torch.equal(got.count.cpu(), want.count)
+    hit = want.count > 0
+    assert torch.equal(got.first_row.cpu()[hit], rows[want.first_row[hit]])
+    tight = chunked(keys, "cuda", gpu_budget=3 * SMALL, processors="zero_copy", hot_keys=0)
+    assert tight._search_budget == 0
+    check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
+    assert tight.memory()["search"] == 0
+
+
+def test_a_cpu_index_keeps_no_search_part():
+    index = chunked(torch.arange(2000), "cpu", gpu_budget=64 * SMALL, hot_keys=0)
+    assert index._search_budget == 0 and index.memory()["search"] == 0
+
+
 def test_a_chunk_grown_past_the_cache_is_served_by_the_cpu():
     index = chunked(torch.arange(2000), "cpu", gpu_budget=4 * SMALL, hot_keys=0)
     index.insert(torch.full((1500,), 7))  # one run of equal keys: one chunk, now larger than the cache

@@ -20,7 +20,11 @@ release the GIL).
 rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
 place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue too small to pay for its chunk's
 copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random reads over
-all of host memory run far slower, which is why queues come first). Queues go, in order of CPU cost over GPU cost,
+all of host memory run far slower, which is why queues come first). Such a read keeps the chunk's search part (its
+representatives and radix table, about 0.6 bytes per key) in GPU memory, made on the chunk's first in-place read,
+so that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a
+quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks, else they stay in
+host memory. Queues go, in order of CPU cost over GPU cost,
 to the processor whose projected finish with the queue is earlier, then single queues move off the processor that
 ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
 end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the paper's
@@ -124,6 +128,10 @@ HOT_USEFUL, HOT_PAUSE = 0.01, 8  # learning that finds under 1% of a batch worth
 HOT_DRIFT = 0.02  # rebuild when the candidates would answer this share of a batch more than the tier did
 HOT_SAMPLE_GPU, HOT_SAMPLE_CPU = 1 << 20, 1 << 16  # the default learning sample, by the queries' device
 HOT_GT_EXACT = 5  # Good-Turing estimates for keys seen fewer times than this in a sample, raw counts above
+# A chunk's search part, kept in GPU memory for its in-place reads: each lookup's first dependent reads (the
+# representatives and the radix table) then stay off PCIe. Reserved for all chunks and a quarter more.
+SEARCH_PARTS = ("reps", "table")
+SEARCH_SLACK = 1.25
 
 
 def _align(n: int) -> int:
@@ -151,6 +159,12 @@ def _views(buf: torch.Tensor, specs: list[list]) -> dict[str, torch.Tensor]:
         size = numel * torch.empty(0, dtype=dt).element_size()
         out[name] = buf[off : off + size].view(dt)
     return out
+
+
+def _search_bytes(specs: list[list]) -> int:
+    """Bytes of a chunk's search part (SEARCH_PARTS) as GPU tensors."""
+    return sum(numel * torch.empty(0, dtype=_DTYPES[dtype]).element_size()
+               for name, dtype, numel, _ in specs if name in SEARCH_PARTS)
 
 
 def _pack(tensors: dict[str, torch.Tensor], pin: bool) -> tuple[torch.Tensor, list[list]]:
@@ -200,6 +214,7 @@ class _View:
     index: CgRXSearch  # CgRXIndex (pairs) or UpdatableCgRXIndex (nodes)
     l2g: torch.Tensor  # offsets from base: int32 holding unsigned 32-bit values, or int64
     base: int
+    resident: int = 0  # bytes of the search part this view keeps in GPU memory (an in-place view)
     # Node chunks whose rows span < 2^32 store each row's offset from base itself (no map): an update inserts
     # a row by its offset, and the chains' (key, offset) order stays the (key, global row) order.
     direct: bool = False
@@ -506,7 +521,8 @@ class ChunkedIndex:
         key_type: as for :class:`CgRXIndex` (``"uint64"`` reads int64 storage as unsigned).
         chunk_bytes: target bytes per chunk (its cgRX structure and row map); chunks are cut only between
             distinct keys, so a run of equal keys larger than this makes a larger chunk.
-        gpu_budget: bytes of the chunk cache on ``device``. Default: half the free GPU memory at construction;
+        gpu_budget: bytes on ``device`` for the chunk cache, the hot-key tier and the search parts of chunks read
+            in place (module doc). Default: half the free GPU memory at construction;
             on the CPU, 0 (no cache tier: the CPU serves from the host copy). A positive budget smaller than the
             largest chunk is an error. The budget bounds the cache (and the build's GPU sort), not the queries'
             and answers' buffers of a batch.
@@ -681,7 +697,14 @@ class ChunkedIndex:
             )
         self.hot_capacity = cap
         self._clear_hot()
-        arena = budget - cap * HOT_BYTES_PER_KEY if budget else 0
+        rest = budget - cap * HOT_BYTES_PER_KEY if budget else 0
+        search = 0
+        if self.device.type == "cuda" and self._pin and rest:
+            search = int(sum(_search_bytes(c.specs) for c in self._chunks) * SEARCH_SLACK)
+            if rest - search < 2 * largest:
+                search = 0
+        self._search_budget = search
+        arena = rest - search
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
     def _bytes_per_key(self) -> float:
@@ -874,8 +897,22 @@ class ChunkedIndex:
         view = chunk.mapped_view
         if view is None:
             buf = torch.as_tensor(_Mapped(self._host(chunk)), device=self.device)
-            view = chunk.mapped_view = self._view(chunk, buf)
+            view = chunk.mapped_view = self._view(chunk, buf, resident=True)
         return view
+
+    def _search_resident(self) -> int:
+        return sum(c.mapped_view.resident for c in self._chunks if c.mapped_view is not None)
+
+    def _resident_search(self, chunk: _Chunk, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of the chunk's search part (from its mapped blob) in GPU memory, if the reservation has room;
+        else none (the view reads them over PCIe too). Out of memory here is no error: the view reads in place."""
+        need = _search_bytes(chunk.specs)
+        if self._search_resident() + need > self._search_budget:
+            return {}
+        try:
+            return {name: parts[name].clone() for name in SEARCH_PARTS}
+        except torch.OutOfMemoryError:
+            return {}
 
     def _host_view(self, chunk: _Chunk) -> _View:
         """The chunk's structure over its host blob (made once; an in-place update of a node chunk drops it)."""
@@ -884,20 +921,23 @@ class ChunkedIndex:
             view = chunk.host_view = self._view(chunk, self._host(chunk))
         return view
 
-    def _view(self, chunk: _Chunk, buf: torch.Tensor) -> _View:
+    def _view(self, chunk: _Chunk, buf: torch.Tensor, resident: bool = False) -> _View:
         t = _views(buf, chunk.specs)
+        kept = self._resident_search(chunk, t) if resident else {}
+        t.update(kept)
+        nbytes = sum(v.nbytes for v in kept.values())
         span = None if chunk.kmin is None else (chunk.kmin, chunk.kmax)
         if chunk.kind == "nodes":  # looked up as UpdatableCgRXIndex does: layout "nodes" over the node region
             index = UpdatableCgRXIndex._from_structure(
                 t["nodes"], t["reps"], t["table"], chunk.n, chunk.used, node_size=self.node_size,
                 key_type=self.key_type, key_dtype=self.key_dtype, key_span=span, num_values=0, backend=self.backend,
             )
-            return _View(index, t["l2g"], chunk.base, direct=t["l2g"].numel() == 0)
+            return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=t["l2g"].numel() == 0)
         index = CgRXIndex._from_structure(
             t["pairs"], t["reps"], t["table"], chunk.n, key_type=self.key_type, key_dtype=self.key_dtype,
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
         )
-        return _View(index, t["l2g"], chunk.base)
+        return _View(index, t["l2g"], chunk.base, resident=nbytes)
 
     def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
@@ -2058,13 +2098,14 @@ class ChunkedIndex:
         return s
 
     def memory(self) -> dict[str, int]:
-        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's reservation on ``device``
-        and the hot-key tier."""
+        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's reservation on ``device``,
+        the hot-key tier and the search parts kept on ``device`` for in-place reads (module doc)."""
         return {
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
             "cache": 0 if self._cache is None or self._cache.arena.buf is None else self._cache.budget,
             "hot": self._hot_bytes(),
+            "search": self._search_resident(),
         }
 
     def _hot_bytes(self) -> int:
