@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -126,7 +127,9 @@ def main() -> None:
 
     t0 = time.perf_counter()
     keys = make_keys(n, dev)
-    print(f"keys: 2^{args.log_keys} uniform int64 in host memory ({time.perf_counter() - t0:.1f} s)", flush=True)
+    pkg = Path(sys.modules["torch_rtindex"].__file__).resolve().parent.parent  # the tree measured (A/Bs)
+    print(f"keys: 2^{args.log_keys} uniform int64 in host memory ({time.perf_counter() - t0:.1f} s), package from {pkg}",
+          flush=True)
 
     # ---- the budget: a quarter of the index's bytes (known after a build; estimated first, then checked)
     chunk_bytes = max(1024, int(args.chunk_mib * 2**20))
