@@ -963,6 +963,12 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=300)
     assert 0 < index.memory()["search"] <= index._search_budget
     assert index.memory()["search"] + index._cache.budget + index.memory()["hot"] <= index.gpu_budget
+    for c in index._chunks:  # a view made by an in-place read: its search part is not in the pinned blob
+        if c.mapped_view is not None and c.mapped_view.resident:
+            lo, hi = c.host.data_ptr(), c.host.data_ptr() + c.host.numel()
+            assert not lo <= c.mapped_view.index._reps.data_ptr() < hi
+            assert not lo <= c.mapped_view.index._table.data_ptr() < hi
+            assert lo <= c.mapped_view.index._pairs.data_ptr() < hi
     ref_keys, ref_rows = keys.tolist(), list(range(keys.numel()))
     ins = keys[:50] + 1  # lands in existing chunks (node chunks: applied in place)
     index.insert(ins.cuda(), torch.arange(keys.numel(), keys.numel() + 50, device="cuda"))
@@ -977,7 +983,8 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     hit = want.count > 0
     assert torch.equal(got.first_row.cpu()[hit], rows[want.first_row[hit]])
     tight = chunked(keys, "cuda", gpu_budget=3 * SMALL, processors="zero_copy", hot_keys=0)
-    assert tight._search_budget == 0
+    assert tight._search_budget == 0  # 3 chunk sizes: less the search parts, fewer than two chunks
+    assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0)._search_budget == 0
     check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
     assert tight.memory()["search"] == 0
 

@@ -23,8 +23,9 @@ copy is answered over PCIe without one (random reads within one chunk's region; 
 all of host memory run far slower, which is why queues come first). Such a read keeps the chunk's search part (its
 representatives and radix table, about 0.6 bytes per key) in GPU memory, made on the chunk's first in-place read,
 so that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a
-quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks, else they stay in
-host memory. Queues go, in order of CPU cost over GPU cost,
+quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the index is
+built or opened with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change later);
+chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues go, in order of CPU cost over GPU cost,
 to the processor whose projected finish with the queue is earlier, then single queues move off the processor that
 ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
 end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the paper's
@@ -655,6 +656,7 @@ class ChunkedIndex:
         self._eviction, self._hot_request, self.hot_sample = eviction, hot_keys, hot_sample
         self._cache: ChunkCache | None = None  # made by _setup_tiers, once the chunk sizes are known
         self.hot_capacity = 0
+        self._search_budget = 0  # bytes for search parts kept on the GPU (_setup_tiers)
         self.hot_tier = True  # an attribute: False serves every query through the chunks (the tier is kept)
         self.hot_learn = True  # an attribute: False keeps the tier's keys as they are (see warm)
         self._clear_hot()
@@ -699,7 +701,8 @@ class ChunkedIndex:
         self._clear_hot()
         rest = budget - cap * HOT_BYTES_PER_KEY if budget else 0
         search = 0
-        if self.device.type == "cuda" and self._pin and rest:
+        # Only where this index reads chunks in place: its processors at construction (or open) say so.
+        if self.device.type == "cuda" and self._pin and rest and self.processors in ("auto", "zero_copy"):
             search = int(sum(_search_bytes(c.specs) for c in self._chunks) * SEARCH_SLACK)
             if rest - search < 2 * largest:
                 search = 0
