@@ -14,11 +14,27 @@
 
 namespace rtindex::cpu_results {
 
+// Queries per CPU task. A lookup from memory costs 0.1-1 us, so 256 queries pay for a task's start, and a batch
+// of a few thousand (an embedding call, or one chunk's queue of the out-of-core index) spreads over all cores;
+// at::parallel_for makes no more tasks than threads, so large batches are split as before.
+constexpr int64_t kQueryGrain = 256;
+
+// f(begin, end) over the queries' blocks; a batch of one block runs inline (a parallel region of one task still
+// costs its start).
+template <typename F>
+void for_query_blocks(int64_t q, const F& f) {
+  if (q <= kQueryGrain) {
+    if (q > 0) f(int64_t{0}, q);
+    return;
+  }
+  at::parallel_for(0, q, kQueryGrain, f);
+}
+
 // ForEach: void(int64_t query, Visit) where Visit is called with every matching row ID.
 // Per query its smallest row (`miss_row` where none) into f and, where c is given, its match count.
 template <typename ForEach>
 void fold_first(int64_t q, int64_t* f, int64_t* c, int64_t miss_row, ForEach&& for_each) {
-  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+  for_query_blocks(q, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       int64_t best = -1, n = 0;
       for_each(i, [&](int64_t row) {
@@ -52,7 +68,7 @@ template <typename CountOf>
 at::Tensor match_counts(int64_t q, const at::TensorOptions& opts, CountOf&& count_of) {
   at::Tensor counts = at::empty({q}, opts);
   int64_t* c = counts.data_ptr<int64_t>();
-  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+  for_query_blocks(q, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) c[i] = count_of(i);
   });
   return counts;
@@ -85,7 +101,7 @@ void fill_pass(int64_t q, const at::Tensor& offsets, at::Tensor& rows, bool sort
   const int64_t* off = offsets.data_ptr<int64_t>();
   int64_t* r = rows.data_ptr<int64_t>();
   const int64_t limit = rows.numel();
-  at::parallel_for(0, q, 256, [&](int64_t b, int64_t e) {
+  for_query_blocks(q, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       if (off[i] >= limit) continue;  // nothing of this query fits
       if (sort_rows && off[i + 1] > limit) {  // the one query the capacity cuts
@@ -146,7 +162,7 @@ void aggregate_into(int64_t q, const at::Tensor& values, at::Tensor& count, at::
   const scalar_t* v = values.data_ptr<scalar_t>();
   int64_t* c = count.data_ptr<int64_t>();
   acc_t* s = sum.data_ptr<acc_t>();
-  at::parallel_for(0, q, 1024, [&](int64_t b, int64_t e) {
+  for_query_blocks(q, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       acc_t total = 0;
       int64_t n = 0;
