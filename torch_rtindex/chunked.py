@@ -25,9 +25,9 @@ representatives and radix table, about 0.6 bytes per key) in GPU memory, made on
 so that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a
 quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the index is
 built or opened with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change later);
-chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues go, in order of CPU cost over GPU cost,
-to the processor whose projected finish with the queue is earlier, then single queues move off the processor that
-ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
+chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues go,
+in order of CPU cost over GPU cost, to the processor whose projected finish with the queue is earlier, then single
+queues move off the processor that ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
 end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the paper's
 scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it before
 the other got through its backlog. The rates are calibrated once on the first batch that uses both processors (a
