@@ -21,19 +21,19 @@ rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU c
 place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue too small to pay for its chunk's
 copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random reads over
 all of host memory run far slower, which is why queues come first). Such a read keeps the chunk's search part (its
-representatives and radix table, about 0.6 bytes per key) in GPU memory, made on the chunk's first in-place read,
-so that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a
-quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the index is
-built or opened with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change later);
-chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues go,
-in order of CPU cost over GPU cost, to the processor whose projected finish with the queue is earlier, then single
-queues move off the processor that ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue the GPU would
-end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on demand (the paper's
-scheme): a processor that runs out of its own queues takes over the other's last one if it would finish it before
-the other got through its backlog. The rates are calibrated once on the first batch that uses both processors (a
-slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch (exponential
-averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a fixed rule: the
-GPU takes cached chunks' queues and others of at least that size.
+representatives and radix table, about 0.6 bytes per key) in GPU memory, made on the chunk's first in-place read, so
+that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a quarter
+more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the index is built or opened
+with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change later); chunks beyond it
+(updates that grew the keys past the quarter) read their search part in place too. Queues go, in order of CPU cost
+over GPU cost, to the processor whose projected finish with the queue is earlier, then single queues move off the
+processor that ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue
+the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on
+demand (the paper's scheme): a processor that runs out of its own queues takes over the other's last one if it would
+finish it before the other got through its backlog. The rates are calibrated once on the first batch that uses both
+processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch
+(exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a
+fixed rule: the GPU takes cached chunks' queues and others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
