@@ -45,7 +45,7 @@ class Representation(IntEnum):
 # call a conversion). The scene's bits_z is implied: the three axes' bits add up to 64.
 SCENE_FIELDS = (("scene_bits_x", 5), ("scene_bits_y", 5), ("scene_scale_y_log2", 6), ("scene_scale_z_log2", 6))
 CGRX_CONFIG_FIELDS = (("key_type", 3), ("layout", 2), ("bucket_search", 1), ("backend", 2), *SCENE_FIELDS,
-                      ("bucket_size", 31), ("spare_rows", 1))
+                      ("bucket_size", 31), ("spare_rows", 1), ("cold", 1))
 RX_CONFIG_FIELDS = (("key_type", 3), ("unique_keys", 1), *SCENE_FIELDS, ("max_range_rays", 31))
 
 
@@ -72,12 +72,14 @@ def _scene_fields(scene: list[int]) -> dict[str, int]:
 
 
 def cgrx_config(key_type: str, layout: str, bucket_size: int, bucket_search: str, backend: str,
-                scene: list[int], spare_rows: bool = False) -> int:
+                scene: list[int], spare_rows: bool = False, cold: bool = False) -> int:
     """The packed ``int config`` of the cgRX lookup operators (CGRX_CONFIG_FIELDS). ``spare_rows``: answer with
-    the aligned pairs' spare words (written by ``cgrx_set_spare_rows``) instead of their row IDs."""
+    the aligned pairs' spare words (written by ``cgrx_set_spare_rows``) instead of their row IDs. ``cold``: the
+    structure is not in the CPU's caches when a call starts (an out-of-core chunk), so the CPU kernels prefetch
+    ahead whatever its size."""
     # A plain int: what the operator takes (and what torch.compile guards on by value).
     return pack(CGRX_CONFIG_FIELDS, key_type=KeyType[key_type], layout=Layout[layout], bucket_size=bucket_size,
-                bucket_search=BucketSearch[bucket_search], backend=Backend[backend], spare_rows=int(spare_rows),
+                bucket_search=BucketSearch[bucket_search], backend=Backend[backend], spare_rows=int(spare_rows), cold=int(cold),
                 **_scene_fields(scene))
 
 

@@ -198,9 +198,11 @@ class CgRXIndex(CgRXSearch):
         self._all_or_nothing(self._build, keys)
 
     # --------------------------------------------------------------------------------------------- lookups
+    _cold = False  # see _from_structure
+
     def _config(self, key_type: str, spare_rows: bool = False) -> int:
         return cgrx_config(key_type, self.layout, self.bucket_size, self.bucket_search, self.backend, self.scene.as_list(),
-                           spare_rows=spare_rows)
+                           spare_rows=spare_rows, cold=self._cold)
 
     # A second row per pair, for a sharded index's shard: its global rows, answered without a map.
     _spare: tuple[torch.Tensor, int, int] | None = None
@@ -267,11 +269,12 @@ class CgRXIndex(CgRXSearch):
     def _from_structure(cls, pairs: torch.Tensor, reps: torch.Tensor, table: torch.Tensor, n: int, *,
                         key_type: str, key_dtype: torch.dtype, key_span: tuple[int, int] | None,
                         bucket_size: int = 16, layout: str = "packed_row", bucket_search: str = "binary",
-                        backend: str = "radix") -> "CgRXIndex":
+                        backend: str = "radix", cold: bool = False) -> "CgRXIndex":
         """An index over structure tensors that ``cgrx_build`` made (on any device: the format is the same on
         the CPU and on CUDA), without rebuilding them: how :class:`~torch_rtindex.ChunkedIndex` serves a chunk
         from its pinned host copy or from its copy in the GPU cache. Only the backends that need no OptiX scene
-        (bound to a device address); ``key_span`` is (smallest, largest) ordered key, for the query sort.""" 
+        (bound to a device address); ``key_span`` is (smallest, largest) ordered key, for the query sort;
+        ``cold``: the structure is not in the CPU's caches when a lookup starts (the CPU kernels prefetch)."""
         if backend not in ("radix", "binary_search"):
             raise ValueError(f"an index over prebuilt structure needs backend 'radix' or 'binary_search', got {backend!r}")
         self = cls.__new__(cls)
@@ -285,6 +288,7 @@ class CgRXIndex(CgRXSearch):
         self._scene = torch.empty(0, dtype=torch.uint8, device=self.device)
         self.num_buckets = -(-self._n // bucket_size)
         self._query_bits = (0, 0) if key_span is None else query_sort_bits(*key_span)
+        self._cold = cold
         self._prepare_lookups()
         return self
 

@@ -939,6 +939,7 @@ class ChunkedIndex:
         index = CgRXIndex._from_structure(
             t["pairs"], t["reps"], t["table"], chunk.n, key_type=self.key_type, key_dtype=self.key_dtype,
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
+            cold=True,  # a chunk's queue comes once per batch: its lines are not in the CPU's caches
         )
         return _View(index, t["l2g"], chunk.base, resident=nbytes)
 

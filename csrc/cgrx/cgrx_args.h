@@ -87,6 +87,7 @@ struct IndexArgs {
   const int32_t* table;
   Backend backend;
   SceneConfig scene;
+  bool cold;  // CgrxConfig::cold
 };
 
 // The index's typed configuration, one `int config` argument of every lookup operator (core/config.h), unpacked
@@ -99,18 +100,20 @@ struct CgrxConfig {
   int64_t backend;    // Backend
   SceneConfig scene;
   bool spare_rows;    // answer with the aligned pairs' spare words (Pairs::spare_rows)
+  bool cold;          // not in the CPU's caches when a call starts (an out-of-core chunk): prefetch whatever its size
 };
 enum CgrxField : size_t { kCgrxKeyType, kCgrxLayout, kCgrxBucketSearch, kCgrxBackend, kCgrxScene,
-                          kCgrxBucketSize = kCgrxScene + kSceneFieldCount, kCgrxSpareRows };
+                          kCgrxBucketSize = kCgrxScene + kSceneFieldCount, kCgrxSpareRows, kCgrxCold };
 constexpr ConfigField kCgrxConfigFields[] = {
     {"key_type", 3}, {"layout", 2}, {"bucket_search", 1}, {"backend", 2}, kSceneFields[0], kSceneFields[1],
-    kSceneFields[2], kSceneFields[3], {"bucket_size", 31}, {"spare_rows", 1}};
-static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxSpareRows + 1, "field table and enum differ");
+    kSceneFields[2], kSceneFields[3], {"bucket_size", 31}, {"spare_rows", 1}, {"cold", 1}};
+static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxCold + 1, "field table and enum differ");
 
 inline CgrxConfig cgrx_config(int64_t packed) {
   const auto f = unpack_config(packed, kCgrxConfigFields, "a cgRX config");
   return CgrxConfig{key_type_from_int(f[kCgrxKeyType]), f[kCgrxLayout], f[kCgrxBucketSize],
-                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene]), f[kCgrxSpareRows] == 1};
+                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene]), f[kCgrxSpareRows] == 1,
+                    f[kCgrxCold] == 1};
 }
 
 inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,
@@ -150,6 +153,7 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
   a.table = table.data_ptr<int32_t>();
   a.backend = static_cast<Backend>(backend);
   a.scene = cfg.scene;
+  a.cold = cfg.cold;
   return a;
 }
 

@@ -95,7 +95,8 @@ at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::In
 // next stage reads: the group's misses overlap. The answers are then made as before (visit_matches), on warm
 // caches. Read-only pairs and the radix backend only (node chains and the binary search read other places).
 // An index whose pairs stay in the caches has no misses to overlap, and the walk only repeats its searches (the
-// out-of-core index's hot tier got slower with it: benchmarks/results/): below this size it is skipped.
+// out-of-core index's hot tier got slower with it: benchmarks/results/): below this size it is skipped, unless
+// the caller says the structure is cold (an out-of-core chunk: visited once per batch, its lines not cached).
 constexpr int64_t kPrefetchGroup = 16;
 constexpr uint64_t kPrefetchMinBytes = uint64_t(16) << 20;
 
@@ -104,7 +105,7 @@ bool prefetch_pays(const IndexArgs& a) {
   if (a.backend != Backend::Radix || a.storage.use_nodes || a.num_reps == 0) return false;
   const Pairs& p = a.storage.pairs;
   const uint64_t bytes = 4 * static_cast<uint64_t>(layout_words(static_cast<Layout>(p.layout), static_cast<int64_t>(p.n)));
-  return bytes >= kPrefetchMinBytes;
+  return a.cold || bytes >= kPrefetchMinBytes;
 }
 
 void prefetch_searches(const IndexArgs& a, const QueryKeys& qs, int64_t i0, int64_t i1) {
