@@ -989,6 +989,21 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert tight.memory()["search"] == 0
 
 
+def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):
+    """A chunk's queue visits it once per batch, so its views ask the CPU kernels to prefetch whatever the chunk's
+    size (the config's cold bit); an index of its own, and the hot tier, do not. The answers are the same."""
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys, "cpu", hot_keys=0)
+    view = index._host_view(index._chunks[0])
+    plain = CgRXIndex(keys)
+    assert view.index._cold and not plain._cold
+    assert index.lookup(keys[:5]).count.tolist() == [1] * 5
+    from torch_rtindex._config import CGRX_CONFIG_FIELDS, cgrx_config
+    at = sum(bits for name, bits in CGRX_CONFIG_FIELDS[: [f for f, _ in CGRX_CONFIG_FIELDS].index("cold")])
+    base = cgrx_config("uint64", "packed_row", 16, "binary", "radix", [23, 23, 18, 0, 0])
+    assert cgrx_config("uint64", "packed_row", 16, "binary", "radix", [23, 23, 18, 0, 0], cold=True) == base | 1 << at
+
+
 def test_a_cpu_index_keeps_no_search_part():
     index = chunked(torch.arange(2000), "cpu", gpu_budget=64 * SMALL, hot_keys=0)
     assert index._search_budget == 0 and index.memory()["search"] == 0
