@@ -23,6 +23,8 @@
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
 #   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
+#   bash benchmarks/gpu_check.sh bound      # 2+ GPUs: sharded_bound_probe.py twice (a rank's lookups, exchange
+#                                           # and routing with no dependencies, against the 1.7x budget)
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
 # The build lands in .build (TORCH_RTINDEX_BUILD_DIR), so a warm machine reuses it across stages.
@@ -136,8 +138,15 @@ case "${1:-}" in
         echo "rc=$? (world $w)"
       done; } 2>&1 | log "sharded_scaling_$commit.log"
     ;;
+  bound)
+    { header "sharded bound, $(nvidia-smi -L | wc -l) GPUs"
+      for r in 1 2; do
+        torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bound_probe.py --out-dir "$out/bound_r$r"
+      done
+      echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|updates|sharded|scaling" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|updates|sharded|scaling|bound" >&2
     exit 2
     ;;
 esac
