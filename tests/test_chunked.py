@@ -1004,6 +1004,23 @@ def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):
     assert cgrx_config("uint64", "packed_row", 16, "binary", "radix", [23, 23, 18, 0, 0], cold=True) == base | 1 << at
 
 
+@pytest.mark.parametrize("dist", ["uniform", "duplicates"])
+def test_cold_lookups_answer_as_warm_ones(gen, dist):
+    """The cold bit changes only how the CPU kernels prefetch: every form answers as the same structure without
+    it, over tables below and above the prefetch's size threshold, ranges and misses included."""
+    for n in (3000, 1 << 21):
+        keys = int64_keys(dist, n, gen)
+        warm = CgRXIndex(keys, layout="packed_row")
+        cold = CgRXIndex._from_structure(warm._pairs, warm._reps, warm._table, len(warm), key_type="int64",
+                                         key_dtype=torch.int64, key_span=None, layout="packed_row", cold=True)
+        q = torch.cat([point_queries(keys, 3000, gen), torch.tensor([I64_MIN, I64_MAX])])
+        for a, b in ((warm.lookup(q), cold.lookup(q)), (warm.lookup_all(q), cold.lookup_all(q))):
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+        lo, hi = range_queries(keys, 1000, gen, 2**40)
+        assert all(torch.equal(x, y) for x, y in zip(warm.range(lo, hi), cold.range(lo, hi)))
+        assert torch.equal(warm.range_count(lo, hi), cold.range_count(lo, hi))
+
+
 def test_a_cpu_index_keeps_no_search_part():
     index = chunked(torch.arange(2000), "cpu", gpu_budget=64 * SMALL, hot_keys=0)
     assert index._search_budget == 0 and index.memory()["search"] == 0

@@ -60,6 +60,8 @@ def pack(fields: tuple[tuple[str, int], ...], **values: int) -> int:
         at += bits
     if values:
         raise TypeError(f"unknown configuration fields {sorted(values)}")
+    if at > 63:  # the operators take a non-negative int64
+        raise ValueError(f"a configuration of {at} bits does not fit a non-negative int64")
     return packed
 
 

@@ -108,6 +108,7 @@ constexpr ConfigField kCgrxConfigFields[] = {
     {"key_type", 3}, {"layout", 2}, {"bucket_search", 1}, {"backend", 2}, kSceneFields[0], kSceneFields[1],
     kSceneFields[2], kSceneFields[3], {"bucket_size", 31}, {"spare_rows", 1}, {"cold", 1}};
 static_assert(sizeof(kCgrxConfigFields) / sizeof(ConfigField) == kCgrxCold + 1, "field table and enum differ");
+static_assert(config_bits(kCgrxConfigFields) <= 63, "a cgRX config must fit a non-negative int64");
 
 inline CgrxConfig cgrx_config(int64_t packed) {
   const auto f = unpack_config(packed, kCgrxConfigFields, "a cgRX config");

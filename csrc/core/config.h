@@ -25,6 +25,14 @@ constexpr ConfigField kSceneFields[] = {{"scene_bits_x", 5}, {"scene_bits_y", 5}
                                         {"scene_scale_z_log2", 6}};
 constexpr size_t kSceneFieldCount = sizeof(kSceneFields) / sizeof(kSceneFields[0]);
 
+// A configuration's total width: at most 63 bits, so that the packed value is a non-negative int64.
+template <size_t N>
+constexpr int config_bits(const ConfigField (&fields)[N]) {
+  int bits = 0;
+  for (size_t i = 0; i < N; ++i) bits += fields[i].bits;
+  return bits;
+}
+
 // A configuration's fields unpacked, in table order.
 template <size_t N>
 std::array<int64_t, N> unpack_config(int64_t packed, const ConfigField (&fields)[N], const char* what) {

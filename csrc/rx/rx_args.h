@@ -20,6 +20,7 @@ enum RxField : size_t { kRxKeyType, kRxUniqueKeys, kRxScene, kRxMaxRangeRays = k
 constexpr ConfigField kRxConfigFields[] = {{"key_type", 3},   {"unique_keys", 1}, kSceneFields[0], kSceneFields[1],
                                            kSceneFields[2],   kSceneFields[3],    {"max_range_rays", 31}};
 static_assert(sizeof(kRxConfigFields) / sizeof(ConfigField) == kRxMaxRangeRays + 1, "field table and enum differ");
+static_assert(config_bits(kRxConfigFields) <= 63, "an RX config must fit a non-negative int64");
 
 inline RxConfig rx_config(int64_t packed) {
   const auto f = unpack_config(packed, kRxConfigFields, "an RX config");
