@@ -1159,7 +1159,7 @@ def test_updatable_slack_overflow_falls_back_and_growth_splits():
     keys = torch.arange(0, 30000, 10)
     index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20, node_size=4, growth=1.0)
     twin = chunked(keys, "cpu", gpu_budget=1 << 20)
-    n0, T = index.num_chunks, index._chunk_keys()
+    n0, T = index.num_chunks, index._chunk_keys(len(index))
     c = index.num_chunks // 2
     lo = index.chunk_info()[c]["lo"] ^ -(2**63)
     # growth 1.0 leaves a node or so of slack: a batch that splits nodes needs more, and the chunk is rebuilt
@@ -1373,7 +1373,7 @@ def test_updatable_every_form_and_key_type(device, gen, key_type, kind):
 def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them():
     index = chunked(torch.arange(2000), "cpu", updatable=True, gpu_budget=1 << 20, growth=4.0)
     twin = chunked(torch.arange(2000), "cpu", gpu_budget=1 << 20)
-    T = index._chunk_keys()
+    T = index._chunk_keys(len(index))
     for ix in (index, twin):
         ix.insert(torch.full((3 * T,), 0))  # the first chunk grows past 2T: rebuilt, its run of 0s cut out
     assert index.stats()["chunks_rebuilt"] == 1
@@ -1407,3 +1407,35 @@ def test_open_switches_the_kind_of_chunk_updates_make(tmp_path, gen):
     _equal(_all_answers(back, probe)[:-1], _all_answers(twin, probe)[:-1])
     with pytest.raises(TypeError, match="updatable must be None"):
         ChunkedIndex.open(tmp_path / "mixed", updatable="yes")
+
+
+def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen):
+    """Read-only chunks whose rows span < 2^32 hold row offsets in their pairs (no row map); wider spans keep the
+    map. One index with both kinds, from a state whose rows are positions for the lower keys and spread past 2^40
+    for the upper ones: point, CSR and range answers against a dict of each key's rows."""
+    keys = int64_keys("duplicates", 3000, gen)
+    state = chunked(keys, "cpu", gpu_budget=1 << 17).state_dict()
+    ordered, sr = state["keys"], state["rows"]  # the state's keys are ordered keys: int64 keys flipped
+    rows = torch.where(ordered > ordered.median(), sr * 2**22 + 2**40, sr)
+    sk = ordered ^ -(2**63)
+    index = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 17)
+    maps = [dict((s[0], s[2]) for s in c.specs)["l2g"] for c in index._chunks]
+    assert any(m == 0 for m in maps) and any(m > 0 for m in maps), maps  # both kinds of chunk
+    by_key: dict[int, list[int]] = {}
+    for k, r in zip(sk.tolist(), rows.tolist()):
+        by_key.setdefault(k, []).append(r)
+    for v in by_key.values():
+        v.sort()
+    q = torch.cat([sk[torch.randint(0, sk.numel(), (400,), generator=gen)], keys.max() + 1 + torch.arange(5)])
+    first, count = index.lookup(q)
+    assert first.tolist() == [by_key.get(k, [-1])[0] for k in q.tolist()]
+    assert count.tolist() == [len(by_key.get(k, [])) for k in q.tolist()]
+    offsets, got = index.lookup_all(q)
+    want = [r for k in q.tolist() for r in by_key.get(k, [])]
+    assert got.tolist() == want and offsets[-1].item() == len(want)
+    lo = q[:100].sort().values
+    hi = torch.minimum(lo + 2**61, torch.full_like(lo, 2**63 - 1))
+    roffsets, rrows = index.range_lookup(lo, hi)[0], index.range(lo, hi)[1]
+    ordered = sorted(by_key)
+    want = [r for a, b in zip(lo.tolist(), hi.tolist()) for k in ordered if a <= k <= b for r in by_key[k]]
+    assert rrows.tolist() == want

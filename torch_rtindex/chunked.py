@@ -219,6 +219,10 @@ class _View:
     # Node chunks whose rows span < 2^32 store each row's offset from base itself (no map): an update inserts
     # a row by its offset, and the chains' (key, offset) order stays the (key, global row) order.
     direct: bool = False
+    # Read-only chunks whose rows span < 2^32 hold each row's offset from base in their pairs, in place of the
+    # local row (no map). The aggregate kernels then cannot read values by the pairs' rows (they take one value
+    # per key): such a view's aggregates come from its rows (the CSR form) instead.
+    offset_pairs: bool = False
 
     def global_rows(self, local: torch.Tensor) -> torch.Tensor:
         """Local row IDs (int64; -1, no row, stays -1) as global ones, in one operator pass: every queue's
@@ -710,15 +714,17 @@ class ChunkedIndex:
         arena = rest - search
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
-    def _bytes_per_key(self) -> float:
+    def _bytes_per_key(self, rows: int) -> float:
+        """Bytes per key of a chunk in an index whose row IDs lie below ``rows``."""
         if self.updatable:  # a node per node_size / 2 pairs (half full), growth times that, reps, table
             N = self.node_size
             return (3 * N + 2) * 4 * 2 / N * self.growth + 16 / N + 1
         pair = 16 if self.layout == "aligned_row" else 12
-        return pair + 4 + 8 / self.bucket_size + 1
+        row_map = 4 if rows > 2**32 else 0  # rows spanning < 2^32: the pairs hold row offsets (_build_chunk)
+        return pair + row_map + 8 / self.bucket_size + 1
 
-    def _chunk_keys(self) -> int:
-        return max(1, int(self.chunk_bytes // self._bytes_per_key()))
+    def _chunk_keys(self, rows: int) -> int:
+        return max(1, int(self.chunk_bytes // self._bytes_per_key(rows)))
 
     def _work_device(self, keys: torch.Tensor) -> torch.device:
         """Where the build sorts: the cache's GPU (within the budget) when there is one, else the CPU."""
@@ -735,7 +741,7 @@ class ChunkedIndex:
     def _build(self, keys: torch.Tensor, progress: bool | None) -> None:
         n = keys.numel()
         W = self._work_device(keys)
-        T = self._chunk_keys()
+        T = self._chunk_keys(n)
         if self._build_range_keys is not None:
             bucket_keys = self._build_range_keys
         elif W.type == "cuda":
@@ -844,11 +850,16 @@ class ChunkedIndex:
         else:
             kmin = kmax = None
             base = last = 0
-        l2g = rows_sorted - base
-        if last - base < 2**32:
-            l2g = l2g.to(torch.int32)  # unsigned 32-bit offsets: half the bytes to copy (rows spanning < 2^32)
         if n >= 2**32 - 1:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
+        l2g = rows_sorted - base
+        if last - base < 2**32:
+            # Rows spanning < 2^32 (every chunk of an index under 2^32 keys): each pair holds its row's offset from
+            # base in place of its local row, so a lookup needs no row map (one dependent read fewer, over PCIe
+            # where the GPU reads the chunk in place) and the chunk is 4 bytes per key smaller. Offsets ascend
+            # with local rows, so the pairs' order (key, then row) is unchanged.
+            _rows_as_offsets(pairs, n, self.layout, l2g.to(torch.int32))
+            l2g = torch.empty(0, dtype=torch.int32, device=pairs.device)
         blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
         return _Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob)
 
@@ -941,7 +952,8 @@ class ChunkedIndex:
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
             cold=True,  # a chunk's queue comes once per batch: its lines are not in the CPU's caches
         )
-        return _View(index, t["l2g"], chunk.base, resident=nbytes)
+        direct = t["l2g"].numel() == 0
+        return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=direct, offset_pairs=direct)
 
     def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
@@ -1566,9 +1578,9 @@ class ChunkedIndex:
             return "first", view.global_first(first), count
         if batch.form == "count":
             return "count", ops.cgrx_range_count(*args)
-        if batch.form == "aggregate" and batch.values.device == S:
+        if batch.form == "aggregate" and batch.values.device == S and not view.offset_pairs:
             return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
-        offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
+        offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates the view cannot sum (values elsewhere)
         return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
 
     def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
@@ -1710,7 +1722,7 @@ class ChunkedIndex:
             ir = torch.arange(self._next_row, self._next_row + n_ins, dtype=torch.int64)
         ci, cd = self._chunk_of(ik), self._chunk_of(dk)
         touched = torch.unique(torch.cat([ci, cd])).tolist()
-        T = self._chunk_keys()
+        T = self._chunk_keys(max(self._next_row, int(ir.max()) + 1 if ir.numel() else 0))
         W = self._work_device(ik)  # chunks are rebuilt where the build sorts (the GPU where there is one)
         removed = absent = 0
         replace: dict[int, list[_Chunk]] = {}
@@ -1991,7 +2003,7 @@ class ChunkedIndex:
         sf, perm = torch.sort(keys.index_select(0, by_row.indices) ^ TOP, stable=True)
         pos = by_row.values.index_select(0, perm)
         chunks: list[_Chunk] = []
-        self._cut(sf, pos, self._chunk_keys(), True, chunks)
+        self._cut(sf, pos, self._chunk_keys(int(by_row.values[-1]) + 1 if rows.numel() else 0), True, chunks)
         if not chunks:
             chunks.append(self._build_chunk(keys[:0], rows[:0], 0))
         self._set_chunks(chunks)
@@ -2220,6 +2232,22 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+def _pair_rows(pairs: torch.Tensor, n: int, layout: str) -> torch.Tensor:
+    """The row words of ``n`` pairs in ``layout`` (csrc/cgrx/cgrx_core.h), as a view of ``pairs``."""
+    if layout == "packed_row":
+        return pairs.view(-1, 3)[:n, 2]
+    if layout == "aligned_row":
+        return pairs.view(-1, 4)[:n, 2]
+    return pairs[2 * n : 3 * n]
+
+
+def _rows_as_offsets(pairs: torch.Tensor, n: int, layout: str, offsets: torch.Tensor) -> None:
+    """Replaces each pair's local row r by ``offsets[r]`` (int32 holding unsigned 32-bit values), in place."""
+    if n:
+        words = _pair_rows(pairs, n, layout)
+        words.copy_(offsets.index_select(0, words.to(torch.int64) & 0xFFFFFFFF))
+
+
 def _seconds(fn, device: torch.device) -> float:
     """Seconds ``fn`` takes on ``device``: CUDA events around it on the current stream (waited for), else the
     host clock."""
