@@ -113,8 +113,6 @@ def main() -> None:
                     "law (ChunkedIndex.warm, what a caller who knows its hot IDs does), not learned")
     ap.add_argument("--layout", default="packed_row", help="ChunkedIndex(layout=...): packed_row (12-byte pairs) or "
                     "aligned_row (16 bytes: a lookup reads one 64-byte line, one PCIe read where a chunk is read in place)")
-    ap.add_argument("--tier-slice", type=int, default=None, help="queries per slice where the hot tier meets a "
-                    "point batch in slices (ChunkedIndex._tier_slice; 0: one pass; default: the library's)")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
     ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
@@ -149,8 +147,6 @@ def main() -> None:
     t0 = time.perf_counter()
     index = ChunkedIndex(keys, device=dev, chunk_bytes=chunk_bytes, gpu_budget=budget, hot_keys=args.hot_keys,
                          layout=args.layout, progress=True)
-    if args.tier_slice is not None:
-        index._tier_slice = args.tier_slice or 1 << 62
     sync(dev)
     build_s = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(dev) - base_mem) if cuda else None

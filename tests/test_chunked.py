@@ -1439,23 +1439,3 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen):
     ordered = sorted(by_key)
     want = [r for a, b in zip(lo.tolist(), hi.tolist()) for k in ordered if a <= k <= b for r in by_key[k]]
     assert rrows.tolist() == want
-
-
-def test_tier_slices_answer_as_one_pass(gen, device):
-    """A point batch met by the hot tier in slices (the tier's lookups of one slice beside the misses of the one
-    before) answers as the tier in one pass and as the reference: hits, misses, absent keys, duplicates."""
-    keys = int64_keys("duplicates", 4000, gen)
-    index = chunked(keys, device, gpu_budget=1 << 20, hot_keys=500)
-    index.warm(keys[:300].to(device))
-    q = torch.cat([keys[torch.randint(0, keys.numel(), (3000,), generator=gen)], keys.max() + 1 + torch.arange(50),
-                   keys[:300]])[torch.randperm(3350, generator=gen)].to(device)
-    h0 = index.stats()["hot_hits"]
-    whole = index.lookup(q)
-    h1 = index.stats()["hot_hits"]
-    index._tier_slice = 700  # slices of 700-1116 queries
-    sliced = index.lookup(q)
-    assert torch.equal(sliced.first_row, whole.first_row) and torch.equal(sliced.count, whole.count)
-    first, count, _ = Reference(keys, "int64").points(q.cpu())
-    check_lookup(sliced, first, count)
-    assert index.stats()["hot_hits"] - h1 == h1 - h0 > 0  # the tier answered the same queries
-    assert index.stats()["time_s"]["hot_sliced"] > 0

@@ -86,7 +86,6 @@ then makes the "cache" a second CPU copy, so the cache and the scheduler run as 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -129,8 +128,7 @@ HOT_REPEAT = 2.0  # a key counts as hot once its decayed count reaches this: a k
 HOT_USEFUL, HOT_PAUSE = 0.01, 8  # learning that finds under 1% of a batch worth a tier pauses for 8 batches
 HOT_DRIFT = 0.02  # rebuild when the candidates would answer this share of a batch more than the tier did
 HOT_SAMPLE_GPU, HOT_SAMPLE_CPU = 1 << 20, 1 << 16  # the default learning sample, by the queries' device
-HOT_GT_EXACT = 5
-TIER_SLICE = 1 << 25  # the tier's lookups of a slice this large take longer than starting a slice's queues  # Good-Turing estimates for keys seen fewer times than this in a sample, raw counts above
+HOT_GT_EXACT = 5  # Good-Turing estimates for keys seen fewer times than this in a sample, raw counts above
 # A chunk's search part, kept in GPU memory for its in-place reads: each lookup's first dependent reads (the
 # representatives and the radix table) then stay off PCIe. Reserved for all chunks and a quarter more.
 SEARCH_PARTS = ("reps", "table")
@@ -673,9 +671,6 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        self._tier_streams = None  # (tier, misses): the sliced lookups with the tier
-        # Point batches of at least twice this many queries meet the tier in slices of it (or more).
-        self._tier_slice = TIER_SLICE
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -1266,11 +1261,9 @@ class ChunkedIndex:
     def _serve_with_tier(self, form: str, qlo: torch.Tensor, values: torch.Tensor | None, D: torch.device):
         """Point queries: the tier's keys answered by the tier (their complete answer), the others through the
         chunks; returns the answer and the number of tier hits."""
-        q = qlo.numel()
-        if form == "lookup" and q >= 2 * self._tier_slice:
-            return self._lookup_with_tier_sliced(qlo, D)
         t0 = time.perf_counter()
         view = self._tier_view(D)
+        q = qlo.numel()
         _, first, count = self._answer(view, _Batch("lookup", qlo, None, None, D, None), qlo, None, D)
         hit = count > 0  # the tier holds only keys with rows: a tier key always has some
         miss = torch.nonzero(~hit).reshape(-1)
@@ -1301,62 +1294,6 @@ class ChunkedIndex:
         if miss.numel():
             parts.append((miss, *self._serve("csr", qmiss, None, None, D)))
         return _combine_csr(q, parts, D), hits
-
-    def _lookup_with_tier_sliced(self, qlo: torch.Tensor, D: torch.device):
-        """Point lookups of a large batch in slices (``_tier_slice`` queries or more each): the tier's lookups of
-        the next slice run beside the misses of this one (on CUDA a second stream: the tier's pass reads device
-        memory, the misses' queues read host memory in place and run on the CPU). The misses' stream has the
-        higher priority, so that their small kernels need not wait for the tier's large grid to drain."""
-        q = qlo.numel()
-        S = max(2, q // self._tier_slice)
-        bounds = [q * i // S for i in range(S + 1)]
-        view = self._tier_view(D)
-        first = torch.empty(q, dtype=torch.int64, device=D)
-        count = torch.empty(q, dtype=torch.int64, device=D)
-        cuda = D.type == "cuda"
-        if cuda:
-            caller = torch.cuda.current_stream(D)
-            if self._tier_streams is None:
-                low, high = torch.cuda.Stream.priority_range()
-                self._tier_streams = (torch.cuda.Stream(D, priority=low), torch.cuda.Stream(D, priority=high))
-            tier_s, miss_s = self._tier_streams
-            tier_s.wait_stream(caller)
-            miss_s.wait_stream(caller)
-
-        def tier(i: int):
-            a, b = bounds[i], bounds[i + 1]
-            part = qlo[a:b]
-            with torch.cuda.stream(tier_s) if cuda else contextlib.nullcontext():
-                _, f, c = self._answer(view, _Batch("lookup", part, None, None, D, None), part, None, D)
-                first[a:b].copy_(f)
-                count[a:b].copy_(c)
-                if not cuda:
-                    return None
-                done = torch.cuda.Event()
-                done.record(tier_s)
-                return done
-
-        hits = 0
-        t0 = time.perf_counter()
-        ready = [tier(0)]
-        with torch.cuda.stream(miss_s) if cuda else contextlib.nullcontext():
-            for i in range(S):
-                if i + 1 < S:
-                    ready.append(tier(i + 1))  # queued before this slice's misses: they run side by side
-                if cuda:
-                    miss_s.wait_event(ready[i])
-                a, b = bounds[i], bounds[i + 1]
-                miss = torch.nonzero(count[a:b] == 0).reshape(-1) + a  # a tier key always has rows
-                hits += b - a - miss.numel()
-                if miss.numel():
-                    rf, rc = self._serve("lookup", qlo.index_select(0, miss), None, None, D)
-                    first.index_copy_(0, miss, rf)
-                    count.index_copy_(0, miss, rc)
-        if cuda:
-            caller.wait_stream(miss_s)  # after every slice (the misses' stream waited for each tier slice)
-        self._count("hot_hits", hits)
-        self._stats["time_s"]["hot_sliced"] += time.perf_counter() - t0
-        return (first, count), hits
 
     def _learn_hot(self, qlo: torch.Tensor, share: float) -> None:
         """Counts the keys of a sample of the batch into the candidates (decayed counts, the hot_capacity best
@@ -2128,8 +2065,7 @@ class ChunkedIndex:
             "in_place_rate": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
-                       "load": 0.0, "hot": 0.0, "hot_sliced": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0,
-                       "total": 0.0},
+                       "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
         }
         self._last_batch: dict[str, Any] | None = None
         if old is not None:
@@ -2163,9 +2099,7 @@ class ChunkedIndex:
         disk, hot-tier hits and rebuilds, chunks updated in place (``chunks_updated_in_place``) and rebuilt
         (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
         seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as timed on the copy stream,
-        merge, disk loads, hot tier, large point batches met by the hot tier in slices (``hot_sliced``: the
-        tier's lookups and the chunks' serving of the misses side by side, also counted in the chunk stages),
-        calibration, total, and the build), the cache's and the hot tier's current
+        merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot tier's current
         contents, and ``last_batch``: the same counters and seconds for the last call alone."""
         s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
