@@ -20,7 +20,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import ChunkCache, Rates, _Chunk, _Scheduler, _Task, plan
+from torch_rtindex.chunked import ChunkCache, Rates, _align, _Chunk, _Scheduler, _Task, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -982,8 +982,9 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert torch.equal(got.count.cpu(), want.count)
     hit = want.count > 0
     assert torch.equal(got.first_row.cpu()[hit], rows[want.first_row[hit]])
-    tight = chunked(keys, "cuda", gpu_budget=3 * SMALL, processors="zero_copy", hot_keys=0)
-    assert tight._search_budget == 0  # 3 chunk sizes: less the search parts, fewer than two chunks
+    largest = max(_align(c.nbytes) for c in index._chunks)
+    tight = chunked(keys, "cuda", gpu_budget=2 * largest + 64, processors="zero_copy", hot_keys=0)
+    assert tight._search_budget == 0  # less the search parts, the budget holds fewer than two chunks
     assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0)._search_budget == 0
     check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
     assert tight.memory()["search"] == 0

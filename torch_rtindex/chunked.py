@@ -2243,13 +2243,12 @@ def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
         parts = []
         for k in (1, 2):
             xs = [t.result[k] for t in ts]
-            if dev == D:
-                parts.append(torch.cat(xs) if len(xs) > 1 else xs[0])
-                continue
-            pin = D.type == "cuda" and dev.type == "cpu"
-            x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=pin)
-            torch.cat(xs, out=x)
-            parts.append(x.to(D, non_blocking=pin))
+            if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
+                x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=True)
+                torch.cat(xs, out=x)
+            else:
+                x = torch.cat(xs) if len(xs) > 1 else xs[0]
+            parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
 
 
