@@ -2,8 +2,9 @@
 on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
 
 The keys are cut into key-range **chunks**; each chunk is a cgRX structure (``CgRXIndex`` over the chunk's keys,
-in global row order, so its local row order is the global one) plus a ``local -> global row`` map, or with
-``updatable=True`` the node chains of ``UpdatableCgRXIndex`` (see **Updates**). Every chunk
+in global row order, so its local row order is the global one) whose pairs hold each row's offset from the
+chunk's smallest row (a chunk whose rows span 2^32 or more keeps local rows and a ``local -> global row`` map), or
+with ``updatable=True`` the node chains of ``UpdatableCgRXIndex`` (see **Updates**). Every chunk
 lives in host memory (pinned where CUDA is available) as one contiguous blob; a **cache** on the fast device
 (``device``, the GPU) holds whole chunks, none twice, within a byte budget (``gpu_budget``).
 
@@ -22,18 +23,18 @@ place (``read_in_place``) and that is cheaper, ``size / in-place rate``: a queue
 copy is answered over PCIe without one (random reads within one chunk's region; a whole batch's random reads over
 all of host memory run far slower, which is why queues come first). Such a read keeps the chunk's search part (its
 representatives and radix table, about 0.6 bytes per key) in GPU memory, made on the chunk's first in-place read, so
-that only the pairs and the row map are read over PCIe; their reservation (all chunks' search parts and a quarter
-more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the index is built or opened
-with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change later); chunks beyond it
-(updates that grew the keys past the quarter) read their search part in place too. Queues go, in order of CPU cost
-over GPU cost, to the processor whose projected finish with the queue is earlier, then single queues move off the
-processor that ends last while that ends the batch sooner: a greedy makespan balance, so the CPU never keeps a queue
-the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The plan is handed out on
-demand (the paper's scheme): a processor that runs out of its own queues takes over the other's last one if it would
-finish it before the other got through its backlog. The rates are calibrated once on the first batch that uses both
-processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and then measured on every batch
-(exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an int) replaces the plan by a
-fixed rule: the GPU takes cached chunks' queues and others of at least that size.
+that only the pairs (and a row map, where there is one) are read over PCIe; their reservation (all chunks' search
+parts and a quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the
+index is built or opened with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change
+later); chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues
+go, in order of CPU cost over GPU cost, to the processor whose projected finish with the queue is earlier, then
+single queues move off the processor that ends last while that ends the batch sooner: a greedy makespan balance, so
+the CPU never keeps a queue the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The
+plan is handed out on demand (the paper's scheme): a processor that runs out of its own queues takes over the
+other's last one if it would finish it before the other got through its backlog. The rates are calibrated once on
+the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and
+then measured on every batch (exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an
+int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -210,7 +211,8 @@ class _Mapped:
 
 @dataclass
 class _View:
-    """A chunk's structure on one device: the cgRX index over its local rows and the local -> global row map."""
+    """A chunk's structure on one device: the cgRX index and how its rows become global ones (a base plus the
+    pairs' offsets, or a local -> global row map)."""
 
     index: CgRXSearch  # CgRXIndex (pairs) or UpdatableCgRXIndex (nodes)
     l2g: torch.Tensor  # offsets from base: int32 holding unsigned 32-bit values, or int64
