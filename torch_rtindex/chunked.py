@@ -114,8 +114,9 @@ _ALIGN = 256  # byte alignment of every tensor inside a chunk blob (and of cache
 _MAGICS = {"pairs": b"RTXCHNK1", "nodes": b"RTXNODE1"}
 _FORMAT = "torch_rtindex.ChunkedIndex"
 # Version 2: an updatable index (node chunks); an index without updatable chunks still writes version 1, which
-# older readers open, and version 1 manifests read as updatable=False.
-_VERSIONS = (1, 2)
+# older readers open, and version 1 manifests read as updatable=False. Version 3: some chunk of sorted pairs holds
+# row offsets in its pairs and no row map (_build_chunk), which older readers would answer without the base.
+_VERSIONS = (1, 2, 3)
 _DTYPES = {"int32": torch.int32, "int64": torch.int64}
 PROCESSORS = ("auto", "gpu", "cpu", "zero_copy")
 EVICTIONS = ("demand", "lru")
@@ -220,11 +221,8 @@ class _View:
     resident: int = 0  # bytes of the search part this view keeps in GPU memory (an in-place view)
     # Node chunks whose rows span < 2^32 store each row's offset from base itself (no map): an update inserts
     # a row by its offset, and the chains' (key, offset) order stays the (key, global row) order.
+    # (Read-only chunks whose rows span < 2^32 likewise hold each row's offset from base in their pairs.)
     direct: bool = False
-    # Read-only chunks whose rows span < 2^32 hold each row's offset from base in their pairs, in place of the
-    # local row (no map). The aggregate kernels then cannot read values by the pairs' rows (they take one value
-    # per key): such a view's aggregates come from its rows (the CSR form) instead.
-    offset_pairs: bool = False
 
     def global_rows(self, local: torch.Tensor) -> torch.Tensor:
         """Local row IDs (int64; -1, no row, stays -1) as global ones, in one operator pass: every queue's
@@ -954,8 +952,7 @@ class ChunkedIndex:
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
             cold=True,  # a chunk's queue comes once per batch: its lines are not in the CPU's caches
         )
-        direct = t["l2g"].numel() == 0
-        return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=direct, offset_pairs=direct)
+        return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=t["l2g"].numel() == 0)
 
     def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
         """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
@@ -1580,9 +1577,9 @@ class ChunkedIndex:
             return "first", view.global_first(first), count
         if batch.form == "count":
             return "count", ops.cgrx_range_count(*args)
-        if batch.form == "aggregate" and batch.values.device == S and not view.offset_pairs:
+        if batch.form == "aggregate" and batch.values.device == S:
             return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
-        offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates the view cannot sum (values elsewhere)
+        offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
         return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
 
     def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
@@ -1901,6 +1898,7 @@ class ChunkedIndex:
         entries, files = [], []
         # Version 2 where node chunks are (or will be made): older readers open the rest.
         nodes = self.updatable or any(c.kind == "nodes" for c in self._chunks)
+        offsets = any(c.kind == "pairs" and c.n and _spec_count(c.specs, "l2g") == 0 for c in self._chunks)
         for i, chunk in enumerate(self._chunks):
             fname = f"chunk-{i:06d}.bin"
             path = os.path.join(tmp, fname)
@@ -1920,8 +1918,8 @@ class ChunkedIndex:
             entries.append(entry)
             files.append((chunk, fname, crc))
         manifest = {
-            "format": _FORMAT, "version": 2 if nodes else 1, "generation": g, "key_type": self.key_type,
-            "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
+            "format": _FORMAT, "version": 3 if offsets else 2 if nodes else 1, "generation": g,
+            "key_type": self.key_type,            "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
             "rows_are_positions": self._rows_are_positions, "chunk_bytes": self.chunk_bytes,
             "bucket_size": self.bucket_size, "layout": self.layout, "backend": self.backend, "chunks": entries,
         }
@@ -2232,6 +2230,11 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
+def _spec_count(specs: list, name: str) -> int:
+    """Elements of the part ``name`` of a chunk blob (its specs: [name, dtype, count, offset] per part)."""
+    return next(int(c) for n, _, c, _ in specs if n == name)
+
+
 def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).

@@ -158,11 +158,12 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
   return a;
 }
 
-// Values are indexed by row ID: for the read-only index one per key; for the updatable index the Python
-// API checks that they cover every row ID it handed out.
+// Values are indexed by row ID: for the read-only index at least one per key (its rows are positions below the
+// key count; an out-of-core chunk whose pairs hold row offsets gets the values from its smallest row on, which
+// cover every offset); for the updatable index the Python API checks that they cover every row ID it handed out.
 inline void check_cgrx_values(const at::Tensor& values, const Storage& st, const at::Tensor& index) {
   TORCH_CHECK(st.use_nodes || !st.pairs.spare_rows, "aggregates index their values by row ID: not with spare rows");
-  check_values(values, st.use_nodes ? values.numel() : static_cast<int64_t>(st.pairs.n), index);
+  check_values(values, st.use_nodes ? values.numel() : static_cast<int64_t>(st.pairs.n), index, true);
 }
 
 }  // namespace rtindex::cgrx

@@ -74,11 +74,12 @@ inline QueryKeys query_keys(const at::Tensor& index, const at::Tensor& lo, const
   return q;
 }
 
-// `index` is any tensor of the index (for its device); num_keys the number of indexed keys.
-inline void check_values(const at::Tensor& values, int64_t num_keys, const at::Tensor& index) {
-  TORCH_CHECK(values.dim() == 1 && values.numel() == num_keys,
-              "values must be a 1-D tensor with one value per indexed key (", num_keys, "), got shape ",
-              values.sizes());
+// `index` is any tensor of the index (for its device); num_keys the number of indexed keys. `at_least`: values
+// may run past the keys (they cover every row ID the index holds, which the caller guarantees).
+inline void check_values(const at::Tensor& values, int64_t num_keys, const at::Tensor& index, bool at_least = false) {
+  TORCH_CHECK(values.dim() == 1 && (at_least ? values.numel() >= num_keys : values.numel() == num_keys),
+              "values must be a 1-D tensor with ", at_least ? "at least " : "", "one value per indexed key (",
+              num_keys, "), got shape ", values.sizes());
   TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
   check_same_device(values, index, "values", "the index");
   const auto t = values.scalar_type();
