@@ -1,7 +1,8 @@
 """How fast the GPU answers a chunk's queue by reading the chunk in place (zero copy over PCIe), by which of the
-chunk's parts stay in host memory: everything (the shipped path), the pairs and row map only (the representatives
-and radix table in GPU memory), the pairs only. ChunkedIndex with processors="zero_copy" (every queue read in
-place), uniform hits, batches of 2^20 and 2^24.
+chunk's parts stay in host memory: everything, the pairs and row map only (the representatives and radix table in
+GPU memory: the shipped path), the pairs only. Chunks whose pairs hold row offsets (every chunk of an index under
+2^32 keys, since 99d1c90) have no row map, so there the last two variants are one. ChunkedIndex with
+processors="zero_copy" (every queue read in place), uniform hits, batches of 2^20 and 2^24.
 
     python benchmarks/in_place_probe.py [--log-keys 28] [--log-lookups 20 24] [--layouts packed_row aligned_row]
 
