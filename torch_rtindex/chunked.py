@@ -78,8 +78,8 @@ manifest (sizes and CRC-32 of every chunk file) per generation, and ``CURRENT`` 
 writes a new generation and then replaces ``CURRENT`` atomically, so a reader sees the old or the new state;
 the previous generation is kept for readers that opened it. Opening loads no chunk: each is read (and checked)
 on first use. A corrupt or truncated chunk file raises an error naming the file; a chunk file's header names its
-kind (sorted pairs or node chains), and the manifest of an updatable index is version 2 (version 1, which older
-code also reads, is written by the others).
+kind (sorted pairs or node chains). The manifest is version 3 where a chunk of sorted pairs holds row offsets
+(older code would answer them without the chunk's base), else version 2 for an updatable index, else version 1.
 
 Without CUDA, or with ``device="cpu"``, the same code serves everything on the CPU; a positive ``gpu_budget``
 then makes the "cache" a second CPU copy, so the cache and the scheduler run as they do on a GPU (the tests).
@@ -1896,7 +1896,8 @@ class ChunkedIndex:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         entries, files = [], []
-        # Version 2 where node chunks are (or will be made): older readers open the rest.
+        # Version 2 where node chunks are (or will be made), 3 where pairs hold row offsets: older readers refuse
+        # what they would misread and open the rest.
         nodes = self.updatable or any(c.kind == "nodes" for c in self._chunks)
         offsets = any(c.kind == "pairs" and c.n and _spec_count(c.specs, "l2g") == 0 for c in self._chunks)
         for i, chunk in enumerate(self._chunks):
