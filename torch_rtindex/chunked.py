@@ -671,6 +671,10 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
+        # An experiment (benchmarks/chunked_bench.py --blocking-waits): the GPU feeder's pacing waits and the CPU
+        # worker's waits for its queues' copies sleep instead of spinning, which leaves their cores to the CPU
+        # kernels' threads. Off until measured.
+        self._blocking_waits = False
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -1518,7 +1522,7 @@ class ChunkedIndex:
                     cache.tick += 1
                     entry.tick = cache.tick
                 if cuda:
-                    done = torch.cuda.Event()
+                    done = torch.cuda.Event(blocking=self._blocking_waits)
                     done.record(compute)
                     inflight.append(done)
                     if entry is not None:
@@ -2225,7 +2229,12 @@ class _Batch:
                 io.wait_event(self.part_event)
                 out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                        for t in (lo, hi)]
-                io.synchronize()
+                if index._blocking_waits:
+                    done = torch.cuda.Event(blocking=True)
+                    done.record(io)
+                    done.synchronize()
+                else:
+                    io.synchronize()
             return out[0], out[1]
         return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
 
