@@ -196,6 +196,10 @@ class _Chunk:
         self.kind = kind  # "pairs" (a CgRXIndex) or "nodes" (node chains, updated in place)
         self.used = used  # nodes: the region's nodes in use (the rest is slack for updates)
 
+    def rows_in_place(self) -> bool:
+        """Whether the pairs (or node chains) hold each row's offset from base: no row map (rows spanning < 2^32)."""
+        return next(int(count) for name, _, count, _ in self.specs if name == "l2g") == 0
+
 
 class _Mapped:
     """A pinned host tensor presented through ``__cuda_array_interface__`` (its address is valid on the GPU), so
@@ -950,32 +954,24 @@ class ChunkedIndex:
                 t["nodes"], t["reps"], t["table"], chunk.n, chunk.used, node_size=self.node_size,
                 key_type=self.key_type, key_dtype=self.key_dtype, key_span=span, num_values=0, backend=self.backend,
             )
-            return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=t["l2g"].numel() == 0)
+            return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=chunk.rows_in_place())
         index = CgRXIndex._from_structure(
             t["pairs"], t["reps"], t["table"], chunk.n, key_type=self.key_type, key_dtype=self.key_dtype,
             key_span=span, bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
             cold=True,  # a chunk's queue comes once per batch: its lines are not in the CPU's caches
         )
-        return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=t["l2g"].numel() == 0)
+        return _View(index, t["l2g"], chunk.base, resident=nbytes, direct=chunk.rows_in_place())
 
     def _decode(self, chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
-        """The chunk's (ordered key, global row) pairs on the CPU, in key order (read from the pairs' layout,
-        csrc/cgrx/cgrx_core.h)."""
+        """The chunk's (ordered key, global row) pairs on the CPU, in key order."""
         view = self._host_view(chunk)
         p, n = view.index._pairs, chunk.n
         if chunk.kind == "nodes":  # chain order: (key, local row)
             keys, local = _ops().cgrx_nodes_export(p, self.node_size, view.index.num_buckets)
             local = local.to(torch.int64) & 0xFFFFFFFF
             return keys.clone(), view.global_rows(local) if n else local
-        if self.layout == "packed_row":
-            w = p.view(-1, 3).to(torch.int64) & 0xFFFFFFFF
-            keys, local = w[:, 0] | (w[:, 1] << 32), w[:, 2]
-        elif self.layout == "aligned_row":
-            w = p.view(-1, 4)
-            keys, local = w[:, :2].contiguous().view(torch.int64).reshape(-1), w[:, 2].to(torch.int64) & 0xFFFFFFFF
-        else:
-            keys, local = p[: 2 * n].view(torch.int64), p[2 * n :].to(torch.int64) & 0xFFFFFFFF
-        return keys.clone(), view.global_rows(local) if n else local.clone()
+        keys, local = _ops().cgrx_pairs_export(p, LAYOUTS[self.layout])  # row words: local rows or offsets
+        return keys, view.global_rows(local) if n else local
 
     # ----------------------------------------------------------------------------------------------- lookups
     def __len__(self) -> int:
@@ -1903,7 +1899,7 @@ class ChunkedIndex:
         # Version 2 where node chunks are (or will be made), 3 where pairs hold row offsets: older readers refuse
         # what they would misread and open the rest.
         nodes = self.updatable or any(c.kind == "nodes" for c in self._chunks)
-        offsets = any(c.kind == "pairs" and c.n and _spec_count(c.specs, "l2g") == 0 for c in self._chunks)
+        offsets = any(c.kind == "pairs" and c.n and c.rows_in_place() for c in self._chunks)
         for i, chunk in enumerate(self._chunks):
             fname = f"chunk-{i:06d}.bin"
             path = os.path.join(tmp, fname)
@@ -1924,7 +1920,8 @@ class ChunkedIndex:
             files.append((chunk, fname, crc))
         manifest = {
             "format": _FORMAT, "version": 3 if offsets else 2 if nodes else 1, "generation": g,
-            "key_type": self.key_type,            "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n, "next_row": self._next_row,
+            "key_type": self.key_type, "key_dtype": str(self.key_dtype).removeprefix("torch."), "n": self._n,
+            "next_row": self._next_row,
             "rows_are_positions": self._rows_are_positions, "chunk_bytes": self.chunk_bytes,
             "bucket_size": self.bucket_size, "layout": self.layout, "backend": self.backend, "chunks": entries,
         }
@@ -2229,22 +2226,14 @@ class _Batch:
                 io.wait_event(self.part_event)
                 out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                        for t in (lo, hi)]
-                if index._blocking_waits:
-                    done = torch.cuda.Event(blocking=True)
-                    done.record(io)
-                    done.synchronize()
-                else:
-                    io.synchronize()
+                done = torch.cuda.Event(blocking=index._blocking_waits)
+                done.record(io)
+                done.synchronize()
             return out[0], out[1]
         return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-def _spec_count(specs: list, name: str) -> int:
-    """Elements of the part ``name`` of a chunk blob (its specs: [name, dtype, count, offset] per part)."""
-    return next(int(c) for n, _, c, _ in specs if n == name)
-
-
 def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
