@@ -20,7 +20,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import ChunkCache, Rates, _align, _Chunk, _Scheduler, _Task, plan
+from torch_rtindex.chunked import HOT_CANDIDATE_BYTES, ChunkCache, Rates, _align, _Chunk, _Scheduler, _Task, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -202,7 +202,7 @@ def skewed(keys, hot, n, gen):
 def test_hot_key_tier_answers_every_point_form(gen):
     keys = int64_keys("duplicates", 3000, gen)  # one key 1000 times, others up to 100 times
     index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget
-    assert index.hot_capacity == (1 << 20) // 16 // 40
+    assert index.hot_capacity == (1 << 20) // 16 // (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
     plain = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
     cg = CgRXIndex(keys)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
@@ -215,7 +215,7 @@ def test_hot_key_tier_answers_every_point_form(gen):
     s = index.stats()
     assert s["hot_keys"] > 0 and s["hot_hits"] > 0 and 1 <= s["hot_rebuilds"] <= 3  # not rebuilt every call
     assert s["hot_pairs"] > s["hot_keys"]  # hot keys with many row IDs: all of them in the tier
-    assert 0 < index.memory()["hot"] <= index.hot_capacity * 40
+    assert 0 < index.memory()["hot"] <= index.hot_capacity * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
     last = s["last_batch"]
     assert last["queries"] == 0 or last["hot_hits"] <= last["queries"]
     # ranges never touch the tier
@@ -264,8 +264,8 @@ def test_hot_tier_warm_learning_and_pauses(gen):
     assert index._hot_skip > 0 and index.stats()["hot_keys"] == 0
     with pytest.raises(ValueError, match="no hot tier"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0).warm(keys[:3])
-    with pytest.raises(ValueError, match="hot_keys=40000 takes"):
-        chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=40000)
+    with pytest.raises(ValueError, match="hot_keys=60000 takes"):
+        chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=60000)
     with pytest.raises(ValueError, match="hot_sample must be None"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_sample=0)
     assert index.hot_sample is None  # by the queries' device
@@ -321,7 +321,7 @@ def test_hot_tier_samples_the_whole_batch(gen):
     batch = torch.cat([cold, hot.repeat(100)])  # 3000 queries: the hot keys only in the last third
     index.lookup(batch)
     assert index.stats()["hot_keys"] > 0
-    assert bool(torch.isin(hot, index._tier["keys"]).all())  # int64 keys: the tier keeps them as they are
+    assert bool(torch.isin(hot, index._tier_keys()).all())  # int64 keys: the tier keeps them as they are
 
 
 def test_per_batch_stats_equal_what_moved(gen):
@@ -1441,6 +1441,20 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     assert index.range(lo, hi)[1].tolist() == [r for rows_ in in_range for r in rows_]
     rfirst, rcount = index.range_lookup(lo, hi)
     assert rfirst.tolist() == [min(x) if x else -1 for x in in_range] and rcount.tolist() == [len(x) for x in in_range]
+    # The hot tier likewise: row offsets in its pairs where its rows span < 2^32, else a row map; the same answers.
+    upper = state["keys"] > state["keys"].median()  # the keys whose rows spread past 2^40
+    low, high = sk[~upper].unique(), sk[upper].unique()
+    for prio, direct in ((low[:60], True), (torch.cat([low[:30], high[:30]]), False)):
+        tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
+        held = tiered.warm(prio)  # the keys, in order, as far as their rows fit the tier
+        assert 20 < held <= prio.numel() and tiered._tier["direct"] is direct
+        assert tiered._tier["tensors"]["rows"].numel() == (0 if direct else tiered._tier["pairs_n"])
+        tier_keys = tiered._tier_keys()
+        assert tier_keys.numel() == held and bool(torch.isin(tier_keys, prio).all())
+        _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(index.lookup(q)) + list(index.lookup_all(q)))
+        hp = tier_keys[torch.randint(0, held, (300,), generator=gen)]
+        _equal(list(tiered.lookup(hp)) + list(tiered.lookup_all(hp)), list(index.lookup(hp)) + list(index.lookup_all(hp)))
+        assert tiered.stats()["last_batch"]["hot_hits"] == 300
     # Saved with offsets in some chunk: manifest version 3, which older readers refuse (they would answer offsets).
     index.save(tmp_path / "ix")
     manifest = json.loads((tmp_path / "ix" / (tmp_path / "ix" / "CURRENT").read_text().strip()).read_text())

@@ -121,9 +121,8 @@ _DTYPES = {"int32": torch.int32, "int64": torch.int64}
 PROCESSORS = ("auto", "gpu", "cpu", "zero_copy")
 EVICTIONS = ("demand", "lru")
 # The hot tier's reservation per key of capacity: a candidate (key and score, 12 bytes) and about one
-# (key, row ID) pair of the tier's index (cgRX pair, representatives and row map, at most HOT_BYTES_PER_PAIR).
-HOT_BYTES_PER_KEY = 40
-HOT_CANDIDATE_BYTES, HOT_BYTES_PER_PAIR = 12, 24
+# (key, row ID) pair of the tier's index (ChunkedIndex._hot_pair_bytes: cgRX pair, search part, row map).
+HOT_CANDIDATE_BYTES = 12
 HOT_MAX_KEYS = 1 << 24
 HOT_DECAY = 0.5  # a candidate's count halves every batch
 HOT_REPEAT = 2.0  # a key counts as hot once its decayed count reaches this: a key seen once says nothing
@@ -700,18 +699,19 @@ class ChunkedIndex:
                 "gpu_budget=0 to serve from host memory only"
             )
         cap = self._hot_request
+        per_key = HOT_CANDIDATE_BYTES + self._hot_pair_bytes()
         if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
-            cap = min(HOT_MAX_KEYS, budget // 16 // HOT_BYTES_PER_KEY)
-            if budget - cap * HOT_BYTES_PER_KEY < 2 * largest:
+            cap = min(HOT_MAX_KEYS, budget // 16 // per_key)
+            if budget - cap * per_key < 2 * largest:
                 cap = 0
-        elif budget and budget - cap * HOT_BYTES_PER_KEY < largest:
+        elif budget and budget - cap * per_key < largest:
             raise ValueError(
-                f"hot_keys={cap} takes {cap * HOT_BYTES_PER_KEY} bytes of gpu_budget={budget}, and the rest holds no "
+                f"hot_keys={cap} takes {cap * per_key} bytes of gpu_budget={budget}, and the rest holds no "
                 f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
             )
         self.hot_capacity = cap
         self._clear_hot()
-        rest = budget - cap * HOT_BYTES_PER_KEY if budget else 0
+        rest = budget - cap * per_key if budget else 0
         search = 0
         # Only where this index reads chunks in place: its processors at construction (or open) say so.
         if self.device.type == "cuda" and self._pin and rest and self.processors in ("auto", "zero_copy"):
@@ -721,6 +721,13 @@ class ChunkedIndex:
         self._search_budget = search
         arena = rest - search
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
+
+    def _hot_pair_bytes(self) -> int:
+        """The tier's bytes per (key, row ID) pair: its cgRX pair, search part and, where the index's row IDs
+        reach 2^32, a row map (_rebuild_hot)."""
+        pair = 16 if self.layout == "aligned_row" else 12
+        search = 8 // self.bucket_size + 2  # representatives, and under a byte of radix table
+        return pair + search + (8 if self._next_row > 2**32 else 0)
 
     def _bytes_per_key(self, rows: int) -> float:
         """Bytes per key of a chunk in an index whose row IDs lie below ``rows``."""
@@ -1208,13 +1215,13 @@ class ChunkedIndex:
         self._clear_hot()
         self.hot_learn = learn
         self._rebuild_hot(prio, qlo.device)
-        return 0 if self._tier is None else self._tier["keys"].numel()
+        return 0 if self._tier is None else self._tier["n_keys"]
 
     def _tier_view(self, D: torch.device) -> _View:
         tier = self._tier
         if tier["device"] != D:  # the tier follows the queries' device
             tier["tensors"] = {k: v.to(D) for k, v in tier["tensors"].items()}
-            tier["keys"], tier["device"] = tier["keys"].to(D), D
+            tier["device"] = D
             tier["view"] = self._tier_make_view(tier)
         return tier["view"]
 
@@ -1224,7 +1231,13 @@ class ChunkedIndex:
             t["pairs"], t["reps"], t["table"], tier["pairs_n"], key_type=self.key_type, key_dtype=self.key_dtype,
             key_span=tier["span"], bucket_size=self.bucket_size, layout=self.layout, backend=self.backend,
         )
-        return _View(index, t["rows"], 0)
+        return _View(index, t["rows"], tier["base"], direct=tier["direct"])
+
+    def _tier_keys(self) -> torch.Tensor:
+        """The tier's keys (flipped ordered keys, each once), read back from its pairs."""
+        t = self._tier["tensors"]
+        ordered, _ = _ops().cgrx_pairs_export(t["pairs"], LAYOUTS[self.layout])
+        return torch.unique_consecutive(ordered) ^ TOP
 
     def _rebuild_hot(self, prio: torch.Tensor, D: torch.device) -> None:
         """The tier over the keys ``prio`` (flipped ordered keys, most important first) with all their row IDs,
@@ -1236,7 +1249,7 @@ class ChunkedIndex:
             return
         offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
         per = offsets[1:] - offsets[:-1]
-        room = (self.hot_capacity * (HOT_BYTES_PER_KEY - HOT_CANDIDATE_BYTES)) // HOT_BYTES_PER_PAIR
+        room = self.hot_capacity  # pairs: the reservation holds a pair per key of capacity
         present = per > 0  # absent keys stay out: the tier's hit test is "has rows"
         keep = present & (torch.cumsum(per, 0) <= room) & (torch.cumsum(present.to(torch.int64), 0) <= self.hot_capacity)
         if not bool(keep.any()):
@@ -1248,7 +1261,12 @@ class ChunkedIndex:
         k = pair_keys.index_select(0, perm).contiguous()
         pairs, reps, table = _ops().cgrx_build(k, self.bucket_size, LAYOUTS[self.layout])
         flipped = torch.aminmax(k ^ TOP)
-        tier = {"device": D, "keys": torch.sort(prio[keep]).values, "pairs_n": k.numel(),
+        base, last = int(rows_sorted[0]), int(rows_sorted[-1])
+        direct = last - base < 2**32
+        if direct:  # as a chunk's pairs (_build_chunk): row offsets from base in place of local rows, no row map
+            _rows_as_offsets(pairs, k.numel(), self.layout, (rows_sorted - base).to(torch.int32))
+            rows_sorted = rows_sorted[:0]
+        tier = {"device": D, "n_keys": int(keep.sum()), "pairs_n": k.numel(), "base": base, "direct": direct,
                 "span": (int(flipped.min) ^ TOP, int(flipped.max) ^ TOP),
                 "tensors": {"pairs": pairs, "reps": reps, "table": table, "rows": rows_sorted}}
         tier["view"] = self._tier_make_view(tier)
@@ -1778,7 +1796,7 @@ class ChunkedIndex:
         if n_ins or removed:
             self._rows_are_positions = False
         if self._tier is not None:  # its answers may be stale now: rebuilt over the new chunks at the next batch
-            self._hot_pending = self._tier["keys"]
+            self._hot_pending = self._tier_keys()
             self._tier = None
         self._check_budget_after_update()
         rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
@@ -2107,7 +2125,7 @@ class ChunkedIndex:
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
         s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._chunks)
-        s["hot_keys"] = 0 if self._tier is None else int(self._tier["keys"].numel())
+        s["hot_keys"] = 0 if self._tier is None else self._tier["n_keys"]
         s["hot_pairs"] = 0 if self._tier is None else self._tier["pairs_n"]
         s["last_batch"] = None if self._last_batch is None else {
             k: (dict(v) if isinstance(v, dict) else v) for k, v in self._last_batch.items()}
