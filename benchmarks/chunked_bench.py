@@ -282,7 +282,7 @@ def main() -> None:
                     "all_times_cover_copies": all(r["time_covers_copies"] for r in per_batch),
                     "hot_keys": st["hot_keys"], "hot_pairs": st["hot_pairs"], "hot_rebuilds_total": st["hot_rebuilds"],
                     "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"], "gpu_rate": st["gpu_rate"],
-                    "in_place_rate": st["in_place_rate"],
+                    "in_place_rate": st["in_place_rate"], "gpu_memory": index.memory(),
                     "per_batch": per_batch,
                 }
                 result["runs"].append(run)
@@ -293,6 +293,10 @@ def main() -> None:
                           f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']} (in place "
                           f"{r['queries_in_place']})  cpu "
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}", flush=True)
+                mem = index.memory()
+                print(f"{mode:9s} {dist:9s} 2^{log_m} GPU memory: cache {mem['cache'] / 2**30:.2f} GiB, tier "
+                      f"{mem['hot'] / 2**30:.2f} GiB, search parts {mem['search'] / 2**30:.2f} GiB; rates: in place "
+                      f"{(st['in_place_rate'] or 0) / 1e6:.0f} M/s, CPU {(st['cpu_rate'] or 0) / 1e6:.0f} M/s", flush=True)
                 if s and hot and mode in ("chunked", "hot_given"):
                     # The floor for the tier's misses: rank r is drawn with P(rank < K) from the continuous law the
                     # queries come from; every miss needs host memory (the CPU's rate, its chunk copied in, or the
