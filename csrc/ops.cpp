@@ -204,6 +204,12 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // A chunk's local row IDs as global ones in one pass (global_row, csrc/distributed/partition.h): -1 stays,
   // others through local_to_global (int32: unsigned offsets; empty: the row is its own offset) plus base.
   m.def("global_rows(Tensor local, Tensor local_to_global, int base) -> Tensor");
+  // Point lookups of many queues, each in its own cgRX index (an out-of-core index's chunks), in one call:
+  // queue j is queries[starts[j] : starts[j] + sizes[j]] in (pairs[j], reps[j], tables[j]) under one `config`,
+  // whose pairs hold row offsets from bases[j]. Returns (first global row or -1, count) per query, the queues'
+  // answers concatenated in queue order. The radix table answers for the OptiX backend (no scenes here).
+  m.def("cgrx_lookup_queues(Tensor[] pairs, Tensor[] reps, Tensor[] tables, int config, Tensor queries, int[] starts, "
+        "int[] sizes, int[] bases) -> (Tensor first_row, Tensor count)");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
   // The persisting-L2 set-aside of a CUDA device (bytes granted); radix lookups keep their table there.

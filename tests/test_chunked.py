@@ -509,6 +509,72 @@ def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
     assert s["queries_in_place"] > 0 and s["chunk_hits"] > 0 and s["chunk_misses"] == 0
 
 
+@pytest.mark.parametrize("processors", ["auto", "cpu"])
+def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
+    """Point queues of chunks holding row offsets go in groups, one operator call each: every queue the GPU reads
+    in place (on a CPU index, its stand-in), and the CPU worker's small queues; the answers are the reference's
+    (duplicates, misses, the 64-bit edges)."""
+    import torch_rtindex.chunked as chunked_module
+
+    calls = []
+    plain = ChunkedIndex._answer_group
+
+    def counted(self, views, tasks, batch, S):
+        calls.append((S.type, len(tasks)))
+        return plain(self, views, tasks, batch, S)
+
+    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
+    monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 64)  # several CPU groups per batch
+    keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1])])
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors=processors, hot_keys=0)
+    if processors == "auto":
+        index.read_in_place = True
+        _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+    ref = Reference(keys, "int64")
+    for _ in range(3):
+        q = torch.cat([point_queries(keys, 600, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1, 1, -2])])
+        first, count, _ = ref.points(q)
+        check_lookup(index.lookup(q.to(device)), first, count)
+    if processors == "auto":  # every queue read in place: one group per batch, on the GPU's device
+        assert [c[0] for c in calls] == [index.device.type] * 3 and all(n > 5 for _, n in calls)
+        assert index.stats()["queries_in_place"] == index.stats()["queries"]
+    else:
+        assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
+
+
+def test_lookup_queues_operator(gen):
+    """rtindex_internal.cgrx_lookup_queues over separate cgRX indexes: each queue's answers equal its own index's
+    lookup with the base added; empty queues; clear errors for mismatched lists and queues out of bounds."""
+    ops = torch.ops.rtindex_internal
+    parts = [int64_keys("duplicates", 500, gen), int64_keys("uniform", 300, gen), torch.tensor([5, 5, 7])]
+    indexes = [CgRXIndex(k) for k in parts]
+    queries = torch.cat([k[torch.randint(0, k.numel(), (50,), generator=gen)] for k in parts] + [torch.tensor([9, -9])])
+    ordered = torch.ops.rtindex.map_keys(queries, 0)
+    starts, sizes, bases = [0, 50, 100, 100, 150], [50, 50, 0, 50, 2], [0, 2**40, 7, 3, 0]
+    use = [0, 1, 2, 2, 2]
+    lead = [indexes[j]._lead for j in use]
+    cfg = indexes[0]._cfg_ordered
+    first, count = ops.cgrx_lookup_queues([x[0] for x in lead], [x[1] for x in lead], [x[2] for x in lead], cfg,
+                                          ordered, starts, sizes, bases)
+    at = 0
+    for j, a, n, b in zip(use, starts, sizes, bases):
+        want = indexes[j].lookup(queries[a : a + n])
+        got_first, got_count = first[at : at + n], count[at : at + n]
+        assert torch.equal(got_count, want.count)
+        assert torch.equal(got_first, torch.where(want.count > 0, want.first_row + b, -1))
+        at += n
+    assert at == first.numel() == 152
+    empty = ops.cgrx_lookup_queues([], [], [], cfg, ordered, [], [], [])
+    assert empty[0].numel() == 0 and empty[1].numel() == 0
+    x = lead[0]
+    with pytest.raises(RuntimeError, match="one pairs, reps, table, start, size and base per queue"):
+        ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [0, 1], [1], [0])
+    with pytest.raises(RuntimeError, match="is not within the 152 queries"):
+        ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [150], [3], [0])
+    with pytest.raises(RuntimeError, match="bases must be >= 0"):
+        ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [0], [3], [-1])
+
+
 def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():
     rates = Rates(cpu=1.0, copy=256.0, gpu=1e9)
     d, a, b, c = _task(5, True), _task(10, nbytes=1024), _task(3, nbytes=1024), _task(2, nbytes=1024)

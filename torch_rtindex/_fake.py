@@ -216,6 +216,12 @@ def _(local, local_to_global, base):
     return torch.empty_like(local)
 
 
+@register_fake("rtindex_internal::cgrx_lookup_queues")
+def _(pairs, reps, tables, config, queries, starts, sizes, bases):
+    n = sum(sizes)
+    return queries.new_empty((n,), dtype=torch.int64), queries.new_empty((n,), dtype=torch.int64)
+
+
 @register_fake("rtindex_internal::scatter_answers_into")
 def _(answers, positions, first, second):
     return None

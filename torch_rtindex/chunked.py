@@ -87,6 +87,7 @@ then makes the "cache" a second CPU copy, so the cache and the scheduler run as 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -134,6 +135,9 @@ HOT_GT_EXACT = 5  # Good-Turing estimates for keys seen fewer times than this in
 # representatives and the radix table) then stay off PCIe. Reserved for all chunks and a quarter more.
 SEARCH_PARTS = ("reps", "table")
 SEARCH_SLACK = 1.25
+# The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
+# queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
+CPU_GROUP_QUERIES = 1 << 16
 
 
 def _align(n: int) -> int:
@@ -516,6 +520,23 @@ class _Scheduler:
             if best is not None:
                 best.proc = proc
             return best
+
+    def claim_more(self, proc: str, fits_group, limit: int | None = None) -> list[_Task]:
+        """More of ``proc``'s own queues to serve with one it has claimed, in one call: those ``fits_group``
+        accepts, in list order, until their sizes reach ``limit`` (None: all)."""
+        with self.lock:
+            if self.abort:
+                return []
+            taken, kept, size = [], [], 0
+            for t in self.own[proc]:
+                if (limit is None or size < limit) and fits_group(t):
+                    t.proc = proc
+                    taken.append(t)
+                    size += t.size
+                else:
+                    kept.append(t)
+            self.own[proc] = kept
+            return taken
 
 
 # ---------------------------------------------------------------------------------------------- the index
@@ -1471,17 +1492,24 @@ class ChunkedIndex:
 
     def _cpu_loop(self, sched: _Scheduler, batch: "_Batch", error: list | None) -> None:
         try:
+            cpu = torch.device("cpu")
             while (task := sched.claim("cpu")) is not None:
                 self._maybe_fault("cpu_task")
                 t0 = time.perf_counter()
-                view = self._host_view(task.chunk)
-                qlo, qhi = batch.queue(task, torch.device("cpu"), self)
-                task.result = self._answer(view, batch, qlo, qhi, torch.device("cpu"))
+                group = [task]
+                if self._groups(batch, task):  # small point queues: several in one call over all cores
+                    group += sched.claim_more("cpu", lambda t: self._groups(batch, t), CPU_GROUP_QUERIES - task.size)
+                if len(group) > 1:
+                    self._answer_group([self._host_view(t.chunk) for t in group], group, batch, cpu)
+                else:
+                    qlo, qhi = batch.queue(task, cpu, self)
+                    task.result = self._answer(self._host_view(task.chunk), batch, qlo, qhi, cpu)
                 dt = time.perf_counter() - t0
+                size = sum(t.size for t in group)
                 with self._stats_lock:
-                    self._stats["queries_cpu"] += task.size
+                    self._stats["queries_cpu"] += size
                     self._stats["time_s"]["cpu"] += dt
-                batch.cpu_queries += task.size
+                batch.cpu_queries += size
                 batch.cpu_time += dt
         except BaseException as e:  # handed to the calling thread, which raises it
             sched.abort = True
@@ -1508,7 +1536,13 @@ class ChunkedIndex:
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
-                if in_place:
+                group = [task]
+                if in_place and self._groups(batch, task):  # every queue it reads in place: one launch
+                    group += sched.claim_more(
+                        "gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and self._groups(batch, t))
+                if len(group) > 1:
+                    entry, view = None, None
+                elif in_place:
                     entry, view = None, self._in_place_view(task.chunk)
                 else:
                     entry = cache.entries.get(task.chunk)
@@ -1520,18 +1554,26 @@ class ChunkedIndex:
                     if cuda and entry.ready is not None:
                         compute.wait_event(entry.ready)
                     view = entry.view
-                qlo, qhi = batch.queue(task, dev, self)
+                size = sum(t.size for t in group)
+
+                def serve():
+                    if view is None:
+                        self._answer_group([self._in_place_view(t.chunk) for t in group], group, batch, dev)
+                    else:
+                        qlo, qhi = batch.queue(task, dev, self)
+                        task.result = self._answer(view, batch, qlo, qhi, dev)
+
                 timed = batch.in_place_lookups if in_place else batch.gpu_lookups
                 if cuda:
                     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     a.record(compute)
-                    task.result = self._answer(view, batch, qlo, qhi, dev)
+                    serve()
                     b.record(compute)
-                    timed.append((a, b, task.size))
+                    timed.append((a, b, size))
                 else:
                     t1 = time.perf_counter()
-                    task.result = self._answer(view, batch, qlo, qhi, dev)
-                    timed.append((None, time.perf_counter() - t1, task.size))
+                    serve()
+                    timed.append((None, time.perf_counter() - t1, size))
                 if entry is not None:
                     cache.tick += 1
                     entry.tick = cache.tick
@@ -1541,9 +1583,9 @@ class ChunkedIndex:
                     inflight.append(done)
                     if entry is not None:
                         entry.last_use = done
-                self._count("queries_gpu", task.size)
+                self._count("queries_gpu", size)
                 if in_place:
-                    self._count("queries_in_place", task.size)
+                    self._count("queries_in_place", size)
                 tm["gpu_issue"] += time.perf_counter() - t0
         finally:
             for ev in inflight:
@@ -1599,6 +1641,29 @@ class ChunkedIndex:
             return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
         offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
         return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
+
+    @staticmethod
+    def _groups(batch: "_Batch", task: _Task) -> bool:
+        """Whether ``task`` joins others in one call (:meth:`_answer_group`): a point lookup's queue of a chunk of
+        sorted pairs holding row offsets (their configuration is the index's, alike for all such chunks)."""
+        return batch.form == "lookup" and batch.s_hi is None and task.chunk.kind == "pairs" and task.chunk.rows_in_place()
+
+    def _answer_group(self, views: list[_View], tasks: list[_Task], batch: "_Batch", S: torch.device) -> None:
+        """The point queues ``tasks`` (:meth:`_groups`), each with its chunk's view on S, answered in one operator
+        call; each task's result is its slice of the answers, with global row IDs."""
+        if S == batch.D:
+            queries, starts = batch.s_lo, [t.start for t in tasks]
+        else:
+            queries = batch.joined_queues(tasks, S, self)
+            starts = list(itertools.accumulate((t.size for t in tasks[:-1]), initial=0))
+        lead = [v.index._lead for v in views]
+        first, count = torch.ops.rtindex_internal.cgrx_lookup_queues(
+            [x[0] for x in lead], [x[1] for x in lead], [x[2] for x in lead], views[0].index._cfg_ordered, queries,
+            starts, [t.size for t in tasks], [v.base for v in views])
+        at = 0
+        for t in tasks:
+            t.result = ("first", first[at : at + t.size], count[at : at + t.size])
+            at += t.size
 
     def _merge(self, form, tasks, q, P, sq, order, piece_q, D, values):
         """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
@@ -2238,17 +2303,30 @@ class _Batch:
         hi = None if self.s_hi is None else self.s_hi[a:b]
         if S == self.D:
             return lo, hi
-        if self.D.type == "cuda":  # to the CPU worker: on its own stream, after the partition
-            io = index._io_stream
-            with torch.cuda.stream(io):
-                io.wait_event(self.part_event)
-                out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-                       for t in (lo, hi)]
-                done = torch.cuda.Event(blocking=index._blocking_waits)
-                done.record(io)
-                done.synchronize()
+        if self.D.type == "cuda":  # to the CPU worker
+            out = self._to_host(lambda: [lo, hi], index)
             return out[0], out[1]
         return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
+
+    def joined_queues(self, tasks: list[_Task], S: torch.device, index: ChunkedIndex) -> torch.Tensor:
+        """The point queries of ``tasks`` one after the other on S (for :meth:`ChunkedIndex._answer_group`)."""
+        parts = lambda: [torch.cat([self.s_lo[t.start : t.start + t.size] for t in tasks])]  # noqa: E731
+        if self.D.type == "cuda" and S.type == "cpu":
+            return self._to_host(parts, index)[0]
+        return parts()[0].to(S)
+
+    def _to_host(self, make, index: ChunkedIndex) -> list:
+        """The tensors ``make()`` returns (made on the I/O stream, after the partition), copied to pinned host
+        memory and waited for: what the CPU worker reads."""
+        io = index._io_stream
+        with torch.cuda.stream(io):
+            io.wait_event(self.part_event)
+            out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+                   for t in make()]
+            done = torch.cuda.Event(blocking=index._blocking_waits)
+            done.record(io)
+            done.synchronize()
+        return out
 
 
 # ------------------------------------------------------------------------------------------------- helpers

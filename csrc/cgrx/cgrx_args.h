@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <vector>
+
 #include "../core/checks.h"
 #include "../core/config.h"
 #include "../core/key_dispatch.h"
@@ -156,6 +158,44 @@ inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, con
   a.scene = cfg.scene;
   a.cold = cfg.cold;
   return a;
+}
+
+// cgrx_lookup_queues: queue j is queries[starts[j], starts[j] + sizes[j]) looked up in index j (pairs[j], reps[j],
+// tables[j], all under one config), whose pairs hold each row's offset from bases[j]. Answers are concatenated in
+// queue order: queue j's at [out_begin, out_begin + sizes[j]).
+struct QueueArgs {
+  IndexArgs index;
+  QueryKeys keys;     // the queue's queries (from its start)
+  int64_t size;
+  int64_t out_begin;  // its first answer in the output
+  int64_t base;       // added to every row the index answers
+};
+
+inline std::vector<QueueArgs> queues_args(at::TensorList pairs, at::TensorList reps, at::TensorList tables, int64_t config,
+                                          const at::Tensor& queries, at::IntArrayRef starts, at::IntArrayRef sizes,
+                                          at::IntArrayRef bases, int64_t& total) {
+  const size_t n = pairs.size();
+  TORCH_CHECK(reps.size() == n && tables.size() == n && starts.size() == n && sizes.size() == n && bases.size() == n,
+              "cgrx_lookup_queues needs one pairs, reps, table, start, size and base per queue; got ", n, ", ",
+              reps.size(), ", ", tables.size(), ", ", starts.size(), ", ", sizes.size(), " and ", bases.size());
+  TORCH_CHECK(queries.dim() == 1 && queries.is_contiguous(), "queries must be a contiguous 1-D tensor");
+  const CgrxConfig cfg = cgrx_config(config);
+  std::vector<QueueArgs> out;
+  out.reserve(n);
+  total = 0;
+  for (size_t j = 0; j < n; ++j) {
+    IndexArgs a = index_args(pairs[j], reps[j], tables[j], cfg);
+    // Every index has its radix table, whatever its backend: the OptiX backend's queues search it (no scenes).
+    if (a.backend == Backend::OptiX) a.backend = Backend::Radix;
+    QueryKeys k = query_keys(pairs[j], queries, c10::nullopt, cfg.key_type);
+    TORCH_CHECK(starts[j] >= 0 && sizes[j] >= 0 && starts[j] <= queries.numel() - sizes[j], "queue ", j, " (start ",
+                starts[j], ", size ", sizes[j], ") is not within the ", queries.numel(), " queries");
+    TORCH_CHECK(bases[j] >= 0, "queue ", j, ": bases must be >= 0, got ", bases[j]);
+    k.lo = static_cast<const char*>(k.lo) + starts[j] * queries.element_size();
+    out.push_back(QueueArgs{a, k, sizes[j], total, bases[j]});
+    total += sizes[j];
+  }
+  return out;
 }
 
 // Values are indexed by row ID: for the read-only index at least one per key (its rows are positions below the

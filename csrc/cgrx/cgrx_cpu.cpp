@@ -216,6 +216,23 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at
   return cpu_results::aggregate(lo.numel(), lo.options().dtype(at::kLong), values, matches_of(a, qs, lo.numel()));
 }
 
+// Queues of several indexes in one call (cgrx_args.h, queues_args), their queries spread over all cores at
+// once: the out-of-core index's CPU worker answers many small chunk queues without a call and a parallel
+// region per queue. Rows are global (each queue's base added).
+std::tuple<at::Tensor, at::Tensor> cgrx_lookup_queues_cpu(at::TensorList pairs, at::TensorList reps, at::TensorList tables,
+                                                          int64_t config, const at::Tensor& queries, at::IntArrayRef starts,
+                                                          at::IntArrayRef sizes, at::IntArrayRef bases) {
+  int64_t total = 0;
+  const std::vector<QueueArgs> qs = queues_args(pairs, reps, tables, config, queries, starts, sizes, bases, total);
+  std::vector<int64_t> begins;
+  for (const QueueArgs& a : qs) begins.push_back(a.out_begin);
+  return cpu_results::first_and_count(total, queries.options().dtype(at::kLong), [&](int64_t i, auto&& visit) {
+    // The queue of answer i: the last whose first answer is at or before it (an empty queue shares its begin).
+    const QueueArgs& a = qs[static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), i) - begins.begin()) - 1];
+    matches_of(a.index, a.keys, a.size)(i - a.out_begin, [&](int64_t row) { visit(a.base + row); });
+  });
+}
+
 // One step of the OptiX backend's ray search (ray_search_step, cgrx_scene.h) for every query, so that a test
 // can trace the rays with another ray tracer and run the GPU's exact search. state: int64 [q, 2] (stage, bucket;
 // None at the start); hits: int64 [q, 2] (closest-hit slot or -1, back face 0/1) of the rays the last step
@@ -292,6 +309,9 @@ TORCH_LIBRARY_IMPL(rtindex, CPU, m) {
   m.impl("cgrx_optix_aggregate", &cgrx_aggregate_cpu);
 }
 
-TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) { m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu); }
+TORCH_LIBRARY_IMPL(rtindex_internal, CPU, m) {
+  m.impl("cgrx_scene_rays", &cgrx_scene_rays_cpu);
+  m.impl("cgrx_lookup_queues", &cgrx_lookup_queues_cpu);
+}
 
 }  // namespace rtindex::cgrx

@@ -5,7 +5,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "../core/cuda_utils.h"
 #include "../core/l2_residency.h"
@@ -152,6 +154,35 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
   }
 }
 
+// cgrx_lookup_queues: the answers of many queues, each in its own index, in one launch. Thread i finds its
+// queue by bisecting the queues' first answers, then answers as search_kernel does with that queue's index; a
+// found row gets the queue's base (the pairs hold row offsets).
+template <KeyType T>
+__global__ void __launch_bounds__(kBlock) queues_kernel(LaunchParams p, const QueueArgs* queues, int64_t num_queues,
+                                                        uint64_t total) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < total; i += uint64_t(gridDim.x) * blockDim.x) {
+    int64_t lo = 0, hi = num_queues;  // the last queue whose first answer is at or before i
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<uint64_t>(queues[mid].out_begin) <= i) lo = mid; else hi = mid;
+    }
+    const QueueArgs& q = queues[lo];
+    LaunchParams k = p;
+    k.storage = q.index.storage;
+    k.reps = q.index.reps;
+    k.num_reps = q.index.num_reps;
+    k.table = q.index.table;
+    const uint64_t local = i - static_cast<uint64_t>(q.out_begin);
+    const auto range = [&](uint64_t, uint64_t& l, uint64_t& h) { q.keys.range_as<T>(local, l, h); };
+    if (q.index.backend == Backend::Radix) {
+      answer_query(k, i, RadixSearch{}, range);
+    } else {
+      answer_query(k, i, [&](uint64_t key) { return reps_lower_bound(k.reps, k.num_reps, key); }, range);
+    }
+    if (q.base != 0 && p.results.count[i] != 0) p.results.first_row[i] += q.base;
+  }
+}
+
 // OptiX parameters are written on the stream (graph-capturable) with the handle and the scene shape read on
 // the device, so a lookup never waits for the host.
 __global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
@@ -280,7 +311,41 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const a
   return cuda_results::aggregate(l, lo.numel(), lo.options().dtype(at::kLong), values, false);
 }
 
+std::tuple<at::Tensor, at::Tensor> cgrx_lookup_queues_cuda(at::TensorList pairs, at::TensorList reps, at::TensorList tables,
+                                                           int64_t config, const at::Tensor& queries, at::IntArrayRef starts,
+                                                           at::IntArrayRef sizes, at::IntArrayRef bases) {
+  const c10::cuda::CUDAGuard guard(queries.device());
+  int64_t total = 0;
+  const std::vector<QueueArgs> qs = queues_args(pairs, reps, tables, config, queries, starts, sizes, bases, total);
+  const at::TensorOptions opts = queries.options().dtype(at::kLong);
+  at::Tensor first = cuda_results::per_query(total, opts);
+  at::Tensor count = cuda_results::per_query(total, opts);
+  if (total == 0) return {first, count};
+  // The queues' arguments cross in one copy on the current stream, from pinned memory that the host allocator
+  // keeps until the copy has run.
+  const int64_t bytes = static_cast<int64_t>(qs.size() * sizeof(QueueArgs));
+  at::Tensor staged = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(staged.data_ptr(), qs.data(), static_cast<size_t>(bytes));
+  const at::Tensor args = staged.to(queries.device(), /*non_blocking=*/true);
+  for (size_t j = 0; j < qs.size(); ++j) record_uses({&pairs[j], &reps[j], &tables[j]});
+  record_uses({&queries});
+  LaunchParams p{};
+  p.results.mode = static_cast<uint32_t>(ResultMode::First);
+  p.results.first_row = first.data_ptr<int64_t>();
+  p.results.count = count.data_ptr<int64_t>();
+  p.results.miss_row = -1;
+  const auto* dev = reinterpret_cast<const QueueArgs*>(args.data_ptr());
+  with_query_type(qs[0].keys.key_type, [&](auto t) {
+    queues_kernel<decltype(t)::value><<<grid_for(total), kBlock, 0, current_stream()>>>(
+        p, dev, static_cast<int64_t>(qs.size()), static_cast<uint64_t>(total));
+  });
+  RTX_CHECK_LAUNCH();
+  return {first, count};
+}
+
 }  // namespace
+
+TORCH_LIBRARY_IMPL(rtindex_internal, CUDA, m) { m.impl("cgrx_lookup_queues", &cgrx_lookup_queues_cuda); }
 
 TORCH_LIBRARY_IMPL(rtindex, CUDA, m) {
   m.impl("cgrx_build", &cgrx_build_cuda);
