@@ -208,8 +208,11 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // queue j is queries[starts[j] : starts[j] + sizes[j]] in (pairs[j], reps[j], tables[j]) under one `config`,
   // whose pairs hold row offsets from bases[j]. Returns (first global row or -1, count) per query, the queues'
   // answers concatenated in queue order. The radix table answers for the OptiX backend (no scenes here).
+  // window > 0 (CUDA): at most about that many queries in flight, swept in queue order, so that the lookups at
+  // any moment touch a few queues' indexes (chunks read in place over PCIe: the GPU's address translation of
+  // host memory covers a few hundred MB at full speed); 0: the whole GPU. The CPU ignores it.
   m.def("cgrx_lookup_queues(Tensor[] pairs, Tensor[] reps, Tensor[] tables, int config, Tensor queries, int[] starts, "
-        "int[] sizes, int[] bases) -> (Tensor first_row, Tensor count)");
+        "int[] sizes, int[] bases, int window=0) -> (Tensor first_row, Tensor count)");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
   // The persisting-L2 set-aside of a CUDA device (bytes granted); radix lookups keep their table there.

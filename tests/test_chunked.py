@@ -573,6 +573,8 @@ def test_lookup_queues_operator(gen):
         ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [150], [3], [0])
     with pytest.raises(RuntimeError, match="bases must be >= 0"):
         ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [0], [3], [-1])
+    with pytest.raises(RuntimeError, match="window must be >= 0"):
+        ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [0], [3], [0], -5)
 
 
 def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():

@@ -217,7 +217,7 @@ def _(local, local_to_global, base):
 
 
 @register_fake("rtindex_internal::cgrx_lookup_queues")
-def _(pairs, reps, tables, config, queries, starts, sizes, bases):
+def _(pairs, reps, tables, config, queries, starts, sizes, bases, window=0):
     n = sum(sizes)
     return queries.new_empty((n,), dtype=torch.int64), queries.new_empty((n,), dtype=torch.int64)
 

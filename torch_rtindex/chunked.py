@@ -138,6 +138,10 @@ SEARCH_SLACK = 1.25
 # The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
+# The GPU's queues read in place go in one launch, at most about this many lookups in flight, swept queue by
+# queue: all chunks at once would spread its reads over the whole index, beyond what the GPU's translation of
+# host addresses covers at speed (cgrx_lookup_queues). 0: no limit; None: a launch per queue.
+IN_PLACE_WINDOW: int | None = 1 << 15
 
 
 def _align(n: int) -> int:
@@ -1537,7 +1541,7 @@ class ChunkedIndex:
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
                 group = [task]
-                if in_place and self._groups(batch, task):  # every queue it reads in place: one launch
+                if in_place and IN_PLACE_WINDOW is not None and self._groups(batch, task):  # one launch for all
                     group += sched.claim_more(
                         "gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and self._groups(batch, t))
                 if len(group) > 1:
@@ -1659,7 +1663,7 @@ class ChunkedIndex:
         lead = [v.index._lead for v in views]
         first, count = torch.ops.rtindex_internal.cgrx_lookup_queues(
             [x[0] for x in lead], [x[1] for x in lead], [x[2] for x in lead], views[0].index._cfg_ordered, queries,
-            starts, [t.size for t in tasks], [v.base for v in views])
+            starts, [t.size for t in tasks], [v.base for v in views], IN_PLACE_WINDOW or 0)
         at = 0
         for t in tasks:
             t.result = ("first", first[at : at + t.size], count[at : at + t.size])

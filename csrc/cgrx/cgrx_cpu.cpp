@@ -221,7 +221,8 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cpu(CGRX_LOOKUP_ARGS, const at
 // region per queue. Rows are global (each queue's base added).
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_queues_cpu(at::TensorList pairs, at::TensorList reps, at::TensorList tables,
                                                           int64_t config, const at::Tensor& queries, at::IntArrayRef starts,
-                                                          at::IntArrayRef sizes, at::IntArrayRef bases) {
+                                                          at::IntArrayRef sizes, at::IntArrayRef bases, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0, got ", window);
   int64_t total = 0;
   const std::vector<QueueArgs> qs = queues_args(pairs, reps, tables, config, queries, starts, sizes, bases, total);
   std::vector<int64_t> begins;

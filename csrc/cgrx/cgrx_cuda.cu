@@ -313,7 +313,8 @@ std::tuple<at::Tensor, at::Tensor> cgrx_aggregate_cuda(CGRX_LOOKUP_ARGS, const a
 
 std::tuple<at::Tensor, at::Tensor> cgrx_lookup_queues_cuda(at::TensorList pairs, at::TensorList reps, at::TensorList tables,
                                                            int64_t config, const at::Tensor& queries, at::IntArrayRef starts,
-                                                           at::IntArrayRef sizes, at::IntArrayRef bases) {
+                                                           at::IntArrayRef sizes, at::IntArrayRef bases, int64_t window) {
+  TORCH_CHECK(window >= 0, "window must be >= 0, got ", window);
   const c10::cuda::CUDAGuard guard(queries.device());
   int64_t total = 0;
   const std::vector<QueueArgs> qs = queues_args(pairs, reps, tables, config, queries, starts, sizes, bases, total);
@@ -335,8 +336,11 @@ std::tuple<at::Tensor, at::Tensor> cgrx_lookup_queues_cuda(at::TensorList pairs,
   p.results.count = count.data_ptr<int64_t>();
   p.results.miss_row = -1;
   const auto* dev = reinterpret_cast<const QueueArgs*>(args.data_ptr());
+  // A grid of `window` threads sweeps the answers in order (the grid-stride loop's k-th round covers answers
+  // [k * grid, (k + 1) * grid)).
+  const unsigned grid = window > 0 ? std::min(grid_for(total), grid_for(window)) : grid_for(total);
   with_query_type(qs[0].keys.key_type, [&](auto t) {
-    queues_kernel<decltype(t)::value><<<grid_for(total), kBlock, 0, current_stream()>>>(
+    queues_kernel<decltype(t)::value><<<grid, kBlock, 0, current_stream()>>>(
         p, dev, static_cast<int64_t>(qs.size()), static_cast<uint64_t>(total));
   });
   RTX_CHECK_LAUNCH();

@@ -1,0 +1,83 @@
+"""How the GPU should launch the queues it reads in place (chunks in pinned host memory, over PCIe): a launch per
+queue, or all of them in one cgrx_lookup_queues launch with at most a window of lookups in flight (swept queue by
+queue). One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
+keys, Zipf batches (their misses are the small queues read in place); the same fresh batches for every variant,
+answers compared across variants.
+
+    python benchmarks/in_place_group_probe.py [--log-keys 30] [--log-lookups 27] [--windows 16384 32768 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from chunked_bench import make_keys, rank_positions, zipf_positions  # noqa: E402
+from rx_bench import git_commit, write_json  # noqa: E402
+
+import torch_rtindex.chunked as chunked  # noqa: E402
+from torch_rtindex import ChunkedIndex  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--log-keys", type=int, default=30)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--zipf", type=float, default=1.2)
+    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    ap.add_argument("--windows", type=int, nargs="+", default=[-1, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 0],
+                    help="IN_PLACE_WINDOW values; -1: a launch per queue")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--out-dir", default=None)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    n = 1 << a.log_keys
+    keys = make_keys(n, dev)
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0)
+    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
+    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False)
+    top = rank_positions(torch.arange(index.hot_capacity), n)
+    index.warm(keys.index_select(0, top).to(dev))
+    gen = torch.Generator().manual_seed(7)
+    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev) for _ in range(a.batches)]
+    index.lookup(batches[0])  # calibration and the in-place views (search parts copied) before any timing
+    mem = index.memory()
+    print(f"{torch.cuda.get_device_name()}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {mem['hot'] / 2**30:.2f} "
+          f"GiB, search parts {mem['search'] / 2**30:.2f} GiB, cache {mem['cache'] / 2**30:.2f} GiB", flush=True)
+    rows, ref = [], None
+    for w in a.windows:
+        chunked.IN_PLACE_WINDOW = None if w < 0 else w
+        index.lookup(batches[0])
+        for i, q in enumerate(batches):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = index.lookup(q)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            last = index.stats()["last_batch"]
+            same = True
+            if ref is None or len(ref) <= i:
+                ref = (ref or []) + [got]
+            else:
+                same = bool(torch.equal(got.first_row, ref[i].first_row) and torch.equal(got.count, ref[i].count))
+            t = last["time_s"]
+            row = {"window": w, "batch": i, "ms": ms, "in_place": last["queries_in_place"], "cpu": last["queries_cpu"],
+                   "gpu_wait_ms": t["gpu_wait"] * 1e3, "cpu_ms": t["cpu"] * 1e3, "hot_ms": t["hot"] * 1e3,
+                   "in_place_rate": index.stats()["in_place_rate"], "cpu_rate": index.stats()["cpu_rate"], "same": same}
+            rows.append(row)
+            print(f"window {'per queue' if w < 0 else w:>9}  batch {i}: {ms:7.2f} ms  in place {row['in_place']:8d} "
+                  f"(wait {row['gpu_wait_ms']:6.2f} ms, {row['in_place_rate'] / 1e6:6.1f} M/s)  cpu {row['cpu']:7d} "
+                  f"({row['cpu_ms']:6.2f} ms, {row['cpu_rate'] / 1e6:5.1f} M/s)  tier {row['hot_ms']:5.2f} ms  same {same}",
+                  flush=True)
+    write_json({"device": torch.cuda.get_device_name(), "commit": git_commit(), "rows": rows},
+               f"in_place_group_{git_commit()}", a.out_dir)
+
+
+if __name__ == "__main__":
+    main()
