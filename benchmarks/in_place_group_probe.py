@@ -1,10 +1,10 @@
 """How the GPU should launch the queues it reads in place (chunks in pinned host memory, over PCIe): a launch per
 queue, or all of them in one cgrx_lookup_queues launch with at most a window of lookups in flight (swept queue by
-queue). One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
+queue); the feeder's waits spinning or sleeping; the CPU's threads. One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
 keys, Zipf batches (their misses are the small queues read in place); the same fresh batches for every variant,
 answers compared across variants.
 
-    python benchmarks/in_place_group_probe.py [--log-keys 30] [--log-lookups 27] [--windows 16384 32768 0]
+    python benchmarks/in_place_group_probe.py [--log-keys 30] [--log-lookups 27] [--variants queue 16384 queue+t15]
 """
 
 from __future__ import annotations
@@ -31,28 +31,36 @@ def main() -> None:
     ap.add_argument("--log-lookups", type=int, default=27)
     ap.add_argument("--zipf", type=float, default=1.2)
     ap.add_argument("--hot-keys", type=int, default=1 << 26)
-    ap.add_argument("--windows", type=int, nargs="+", default=[-1, 1 << 14, 1 << 15, 1 << 16, 1 << 17, 0],
-                    help="IN_PLACE_WINDOW values; -1: a launch per queue")
+    ap.add_argument("--variants", nargs="+", default=["queue", "16384", "32768", "65536", "0"],
+                    help="IN_PLACE_WINDOW per variant ('queue': a launch per queue), each optionally with '+blocking' "
+                         "(the feeder's and CPU worker's waits sleep) and '+tN' (N CPU threads), e.g. queue+blocking+t15")
     ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--layout", default="packed_row", help="ChunkedIndex(layout=...)")
     ap.add_argument("--out-dir", default=None)
     a = ap.parse_args()
     dev = torch.device("cuda")
     n = 1 << a.log_keys
     keys = make_keys(n, dev)
-    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0)
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, layout=a.layout)
     per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
-    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False)
+    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
+                         layout=a.layout)
     top = rank_positions(torch.arange(index.hot_capacity), n)
     index.warm(keys.index_select(0, top).to(dev))
     gen = torch.Generator().manual_seed(7)
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev) for _ in range(a.batches)]
     index.lookup(batches[0])  # calibration and the in-place views (search parts copied) before any timing
     mem = index.memory()
-    print(f"{torch.cuda.get_device_name()}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {mem['hot'] / 2**30:.2f} "
+    print(f"{torch.cuda.get_device_name()}: 2^{a.log_keys} keys, {a.layout}, {index.num_chunks} chunks, tier {mem['hot'] / 2**30:.2f} "
           f"GiB, search parts {mem['search'] / 2**30:.2f} GiB, cache {mem['cache'] / 2**30:.2f} GiB", flush=True)
     rows, ref = [], None
-    for w in a.windows:
+    threads = torch.get_num_threads()
+    for variant in a.variants:
+        parts = variant.split("+")
+        w = -1 if parts[0] == "queue" else int(parts[0])
         chunked.IN_PLACE_WINDOW = None if w < 0 else w
+        index._blocking_waits = "blocking" in parts
+        torch.set_num_threads(next((int(p[1:]) for p in parts if p.startswith("t")), threads))
         index.lookup(batches[0])
         for i, q in enumerate(batches):
             torch.cuda.synchronize()
@@ -67,16 +75,16 @@ def main() -> None:
             else:
                 same = bool(torch.equal(got.first_row, ref[i].first_row) and torch.equal(got.count, ref[i].count))
             t = last["time_s"]
-            row = {"window": w, "batch": i, "ms": ms, "in_place": last["queries_in_place"], "cpu": last["queries_cpu"],
+            row = {"variant": variant, "window": w, "threads": torch.get_num_threads(), "batch": i, "ms": ms, "in_place": last["queries_in_place"], "cpu": last["queries_cpu"],
                    "gpu_wait_ms": t["gpu_wait"] * 1e3, "cpu_ms": t["cpu"] * 1e3, "hot_ms": t["hot"] * 1e3,
                    "in_place_rate": index.stats()["in_place_rate"], "cpu_rate": index.stats()["cpu_rate"], "same": same}
             rows.append(row)
-            print(f"window {'per queue' if w < 0 else w:>9}  batch {i}: {ms:7.2f} ms  in place {row['in_place']:8d} "
+            print(f"{variant:>20}  batch {i}: {ms:7.2f} ms  in place {row['in_place']:8d} "
                   f"(wait {row['gpu_wait_ms']:6.2f} ms, {row['in_place_rate'] / 1e6:6.1f} M/s)  cpu {row['cpu']:7d} "
                   f"({row['cpu_ms']:6.2f} ms, {row['cpu_rate'] / 1e6:5.1f} M/s)  tier {row['hot_ms']:5.2f} ms  same {same}",
                   flush=True)
-    write_json({"device": torch.cuda.get_device_name(), "commit": git_commit(), "rows": rows},
-               f"in_place_group_{git_commit()}", a.out_dir)
+    write_json({"device": torch.cuda.get_device_name(), "commit": git_commit(), "layout": a.layout, "rows": rows},
+               f"in_place_group_{a.layout}_{git_commit()}", a.out_dir)
 
 
 if __name__ == "__main__":

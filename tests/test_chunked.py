@@ -525,6 +525,7 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
 
     monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
     monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 64)  # several CPU groups per batch
+    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)  # the GPU's in-place queues in one launch
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors=processors, hot_keys=0)
     if processors == "auto":

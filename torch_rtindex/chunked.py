@@ -138,10 +138,11 @@ SEARCH_SLACK = 1.25
 # The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
-# The GPU's queues read in place go in one launch, at most about this many lookups in flight, swept queue by
-# queue: all chunks at once would spread its reads over the whole index, beyond what the GPU's translation of
-# host addresses covers at speed (cgrx_lookup_queues). 0: no limit; None: a launch per queue.
-IN_PLACE_WINDOW: int | None = 1 << 15
+# None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
+# Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
+# queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
+# spread over more host memory than the GPU's address translation covers at speed (benchmarks/results/).
+IN_PLACE_WINDOW: int | None = None
 
 
 def _align(n: int) -> int:
