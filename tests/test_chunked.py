@@ -543,13 +543,14 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
         assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
 
 
-def test_lookup_queues_operator(gen):
+def test_lookup_queues_operator(device, gen):
     """rtindex_internal.cgrx_lookup_queues over separate cgRX indexes: each queue's answers equal its own index's
     lookup with the base added; empty queues; clear errors for mismatched lists and queues out of bounds."""
     ops = torch.ops.rtindex_internal
     parts = [int64_keys("duplicates", 500, gen), int64_keys("uniform", 300, gen), torch.tensor([5, 5, 7])]
-    indexes = [CgRXIndex(k) for k in parts]
+    indexes = [CgRXIndex(k.to(device)) for k in parts]
     queries = torch.cat([k[torch.randint(0, k.numel(), (50,), generator=gen)] for k in parts] + [torch.tensor([9, -9])])
+    queries = queries.to(device)
     ordered = torch.ops.rtindex.map_keys(queries, 0)
     starts, sizes, bases = [0, 50, 100, 100, 150], [50, 50, 0, 50, 2], [0, 2**40, 7, 3, 0]
     use = [0, 1, 2, 2, 2]
@@ -565,6 +566,10 @@ def test_lookup_queues_operator(gen):
         assert torch.equal(got_first, torch.where(want.count > 0, want.first_row + b, -1))
         at += n
     assert at == first.numel() == 152
+    for window in (1, 64, 0):  # any window, the same answers
+        again = ops.cgrx_lookup_queues([x[0] for x in lead], [x[1] for x in lead], [x[2] for x in lead], cfg, ordered,
+                                       starts, sizes, bases, window)
+        assert torch.equal(again[0], first) and torch.equal(again[1], count)
     empty = ops.cgrx_lookup_queues([], [], [], cfg, ordered, [], [], [])
     assert empty[0].numel() == 0 and empty[1].numel() == 0
     x = lead[0]
