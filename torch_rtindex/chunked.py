@@ -15,7 +15,10 @@ chunk. A range that spans chunks becomes one
 piece per chunk. Two processors then serve the queues at the same time: the GPU (the calling thread: a chunk not
 in the cache is copied in on a copy stream, overlapping the lookups of the previous one; at most
 ``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
-release the GIL).
+release the GIL). The CPU worker answers small point queues of chunks holding row offsets in groups of about
+``CPU_GROUP_QUERIES`` queries, one ``cgrx_lookup_queues`` call spreading all of a group's queries over the cores (a
+queue alone would pay its call and a parallel region). The GPU reads each queue's chunk in place in a launch of its
+own (``IN_PLACE_WINDOW``: one launch for all such queues read more host memory at once and was slower).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
 rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
@@ -55,8 +58,11 @@ learned from the point batches (a sample of each counted into decayed per-key co
 are candidates, keys seen once too where that adds a useful share), the tier rebuilt (its keys' rows fetched
 through the chunks, one batch) only when the candidates would answer clearly more of a batch than the tier did,
 what they would answer estimated by Good-Turing (raw counts credit uniform IDs that repeat by chance); or given
-with :meth:`ChunkedIndex.warm`. Its memory
-(``hot_keys`` x 40 bytes) is taken from ``gpu_budget``. An update rebuilds it over the new chunks.
+with :meth:`ChunkedIndex.warm`. Like a chunk's, the tier's pairs hold row offsets from its smallest row where
+its rows span less than 2^32 (else a row map). Its reservation, ``hot_keys`` x (12 bytes of learning candidate
+plus :meth:`ChunkedIndex._hot_pair_bytes`: 14 bytes for packed_row pairs, 18 for aligned_row, 8 more where row
+IDs reach 2^32), is taken from ``gpu_budget`` and holds ``hot_keys`` pairs. An update rebuilds it over the new
+chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
 :meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
