@@ -566,6 +566,8 @@ def test_lookup_queues_operator(device, gen):
         assert torch.equal(got_first, torch.where(want.count > 0, want.first_row + b, -1))
         at += n
     assert at == first.numel() == 152
+    torch.library.opcheck(ops.cgrx_lookup_queues.default, ([x[0] for x in lead], [x[1] for x in lead],
+                                                           [x[2] for x in lead], cfg, ordered, starts, sizes, bases, 64))
     for window in (1, 64, 0):  # any window, the same answers
         again = ops.cgrx_lookup_queues([x[0] for x in lead], [x[1] for x in lead], [x[2] for x in lead], cfg, ordered,
                                        starts, sizes, bases, window)
