@@ -310,6 +310,80 @@ def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
     assert index.stats()["last_batch"]["hot_hits"] > 0.6 * m
 
 
+def test_hot_tier_with_a_row_map_and_a_base(gen):
+    """A tier whose rows span 2^32 or more keeps a row map of offsets from its smallest row, which need not be
+    0: its answers equal those of the chunks alone (lookup, CSR, aggregate)."""
+    n = 3000
+    keys = torch.randint(0, 300, (n,), generator=gen, dtype=torch.int64)
+    state = chunked(keys, "cpu", gpu_budget=1 << 18, hot_keys=0).state_dict()
+    far = (state["keys"] ^ -(2**63)) >= 150  # the state's keys are ordered keys: int64 keys flipped
+    rows = state["rows"] + 1000 + far.to(torch.int64) * 2**40
+    plain = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=0)
+    tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
+    q = torch.tensor([5, 10, 200, 250, 299, 0, 77, 1000])
+    assert tiered.warm(q) == 7 and not tiered._tier["direct"] and tiered._tier["base"] >= 1000
+    _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(plain.lookup(q)) + list(plain.lookup_all(q)))
+    assert tiered.stats()["last_batch"]["hot_hits"] == 7
+
+
+def test_hot_tier_aggregates_rows_shared_by_pairs():
+    """Updates may give several pairs one row ID: a tier (or chunk) holding row offsets then has more pairs than
+    values from its base on; its aggregates still equal the chunks' alone."""
+    for hot in (0, 50):
+        index = ChunkedIndex(torch.arange(2000), device="cpu", chunk_bytes=1024, gpu_budget=1 << 16, hot_keys=hot)
+        index.update(insert_keys=torch.full((10,), 5000), insert_rows=torch.full((10,), 1999))
+        last = index._chunks[-1]
+        assert last.base > 0 and last.n > 2000 - last.base and last.rows_in_place()  # more pairs than values
+        if hot:
+            assert index.warm(torch.tensor([5000])) == 1 and index._tier["direct"] and index._tier["base"] == 1999
+        got = index.aggregate(torch.tensor([5000, 3, 1999, 9999]), torch.arange(2000))
+        assert got.count.tolist() == [10, 1, 1, 0] and got.sum.tolist() == [19990, 3, 1999, 0]
+
+
+def test_hot_tier_stays_within_its_reservation_when_rows_pass_2_32(gen):
+    """The reservation prices a tier without a row map while row IDs are below 2^32; an update that hands out a
+    row ID past it makes the rebuilt tier hold fewer pairs (a row map each), not more bytes."""
+    keys = torch.randint(0, 20000, (40000,), generator=gen, dtype=torch.int64)
+    cap = 2000
+    index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
+    reserved = cap * index._hot_pair_bytes()
+    hot = keys.unique()[:3000]
+    index.warm(hot)
+    assert index._tier["direct"] and index.memory()["hot"] <= reserved
+    index.update(insert_keys=hot[:1], insert_rows=torch.tensor([2**40]))
+    got = index.lookup(hot[:100])  # rebuilds the tier over the new chunks
+    assert not index._tier["direct"] and index._tier["pairs_n"] < cap
+    assert index.memory()["hot"] <= reserved
+    index.hot_tier = False
+    want = index.lookup(hot[:100])
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+
+
+def test_an_update_that_fails_reading_the_tier_changes_nothing(monkeypatch):
+    """The tier's keys (to rebuild it after an update) are read before anything changes: an error there leaves
+    the chunks and the tier as they were."""
+    keys = torch.arange(1000, dtype=torch.int64) % 100
+    index = ChunkedIndex(keys, device="cpu", chunk_bytes=4096, gpu_budget=1 << 18, hot_keys=200)
+    index.warm(torch.tensor([7]))
+    before = index.lookup_all(torch.tensor([7, 8]))
+
+    def oom(self):
+        raise torch.OutOfMemoryError("simulated: the tier's keys")
+
+    monkeypatch.setattr(ChunkedIndex, "_tier_keys", oom)
+    with pytest.raises(torch.OutOfMemoryError, match="simulated"):
+        index.delete(torch.tensor([7]))
+    monkeypatch.undo()
+    for use_tier in (True, False):
+        index.hot_tier = use_tier
+        after = index.lookup_all(torch.tensor([7, 8]))
+        assert torch.equal(after.offsets, before.offsets) and torch.equal(after.rows, before.rows)
+    assert len(index) == 1000
+    index.hot_tier = True
+    assert index.delete(torch.tensor([7])).deleted == 10  # and it still updates
+    assert index.lookup(torch.tensor([7])).count.tolist() == [0]
+
+
 def test_hot_tier_samples_the_whole_batch(gen):
     """A batch between one and two samples long: the sample spans all of it (a sample of its front would miss
     hot keys that come at its end, as when a batch joins two request streams)."""

@@ -261,6 +261,11 @@ class _View:
     def all_rows(self) -> torch.Tensor:
         return self._widen(self.l2g) + self.base
 
+    def values_fit(self, values: torch.Tensor) -> bool:
+        """Whether the aggregate kernel takes :meth:`local_values`: it wants one value per pair, which values from
+        base on lack where updates gave several pairs one row ID (those views sum through their CSR rows)."""
+        return not self.direct or isinstance(self.index, UpdatableCgRXIndex) or values.numel() - self.base >= len(self.index)
+
     def local_values(self, values: torch.Tensor) -> torch.Tensor:
         """``values`` (indexed by global row) indexed by the chunk's local rows."""
         if self.direct:
@@ -580,8 +585,8 @@ class ChunkedIndex:
         eviction: ``"demand"`` (default) or ``"lru"`` (see :class:`ChunkCache`).
         pipeline_depth: queues the GPU has in flight at once (2: double buffering).
         hot_keys: capacity (keys) of the hot tier (module doc), which answers point queries for the hottest keys
-            completely on the queries' device. ``None`` (default): a sixteenth of ``gpu_budget`` at 40 bytes per
-            key (at most 2^24 keys), taken from the chunk cache, if the rest still holds two chunks; 0: off. The
+            completely on the queries' device. ``None`` (default): a sixteenth of ``gpu_budget`` at its bytes per
+            key (module doc; at most 2^24 keys), taken from the chunk cache, if the rest still holds two chunks; 0: off. The
             attributes ``hot_tier`` (use it) and ``hot_learn`` (learn its keys) switch it per batch.
         hot_sample: queries per batch the hot-key tier learns from (a random sample of the batch). ``None``
             (default): 2^20 where the queries are on a GPU, 2^16 on the CPU, where counting a larger sample
@@ -731,7 +736,8 @@ class ChunkedIndex:
                 "gpu_budget=0 to serve from host memory only"
             )
         cap = self._hot_request
-        per_key = HOT_CANDIDATE_BYTES + self._hot_pair_bytes()
+        self._hot_reserved_pair = self._hot_pair_bytes()
+        per_key = HOT_CANDIDATE_BYTES + self._hot_reserved_pair
         if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
             cap = min(HOT_MAX_KEYS, budget // 16 // per_key)
             if budget - cap * per_key < 2 * largest:
@@ -893,20 +899,11 @@ class ChunkedIndex:
         if n:
             flipped = torch.aminmax(k ^ TOP)
             kmin, kmax = int(flipped.min) ^ TOP, int(flipped.max) ^ TOP
-            base, last = int(rows_sorted[0]), int(rows_sorted[-1])
         else:
             kmin = kmax = None
-            base = last = 0
         if n >= 2**32 - 1:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
-        l2g = rows_sorted - base
-        if last - base < 2**32:
-            # Rows spanning < 2^32 (every chunk of an index under 2^32 keys): each pair holds its row's offset from
-            # base in place of its local row, so a lookup needs no row map (one dependent read fewer, over PCIe
-            # where the GPU reads the chunk in place) and the chunk is 4 bytes per key smaller. Offsets ascend
-            # with local rows, so the pairs' order (key, then row) is unchanged.
-            _rows_as_offsets(pairs, n, self.layout, l2g.to(torch.int32))
-            l2g = torch.empty(0, dtype=torch.int32, device=pairs.device)
+        base, l2g = _place_rows(pairs, self.layout, rows_sorted)
         blob, specs = _pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self._pin)
         return _Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob)
 
@@ -1219,7 +1216,7 @@ class ChunkedIndex:
 
     # --------------------------------------------------------------------------------------- the hot tier
     def _clear_hot(self) -> None:
-        self._tier: dict | None = None  # the tier: its index's view on a device, its keys (priority order), sizes
+        self._tier: dict | None = None  # the tier: its index's view on a device, its structure, sizes
         self._hot_cand: tuple[torch.Tensor, torch.Tensor] | None = None  # candidates: flipped keys (sorted), counts
         self._hot_pending: torch.Tensor | None = None  # the tier's keys, to rebuild after an update
         self._hot_skip = 0  # point batches left that skip learning (it found nothing worth a tier)
@@ -1266,9 +1263,9 @@ class ChunkedIndex:
         return _View(index, t["rows"], tier["base"], direct=tier["direct"])
 
     def _tier_keys(self) -> torch.Tensor:
-        """The tier's keys (flipped ordered keys, each once), read back from its pairs."""
-        t = self._tier["tensors"]
-        ordered, _ = _ops().cgrx_pairs_export(t["pairs"], LAYOUTS[self.layout])
+        """The tier's keys (flipped ordered keys, each once, on the CPU), read back from its pairs in host memory
+        (the export's 16 bytes per pair would not fit the tier's GPU reservation)."""
+        ordered, _ = _ops().cgrx_pairs_export(self._tier["tensors"]["pairs"].cpu(), LAYOUTS[self.layout])
         return torch.unique_consecutive(ordered) ^ TOP
 
     def _rebuild_hot(self, prio: torch.Tensor, D: torch.device) -> None:
@@ -1281,9 +1278,11 @@ class ChunkedIndex:
             return
         offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
         per = offsets[1:] - offsets[:-1]
-        room = self.hot_capacity  # pairs: the reservation holds a pair per key of capacity
+        # Pairs: the reservation holds one per key of capacity at its pair size; fewer where row IDs have since
+        # grown past 2^32 (an update) and the tier needs a row map the reservation did not price.
+        room = self.hot_capacity * self._hot_reserved_pair // self._hot_pair_bytes()
         present = per > 0  # absent keys stay out: the tier's hit test is "has rows"
-        keep = present & (torch.cumsum(per, 0) <= room) & (torch.cumsum(present.to(torch.int64), 0) <= self.hot_capacity)
+        keep = present & (torch.cumsum(per, 0) <= room)  # room <= hot_capacity pairs: as many keys at most
         if not bool(keep.any()):
             return
         pair_keys = torch.repeat_interleave(prio ^ TOP, per, output_size=rows.numel())
@@ -1293,14 +1292,10 @@ class ChunkedIndex:
         k = pair_keys.index_select(0, perm).contiguous()
         pairs, reps, table = _ops().cgrx_build(k, self.bucket_size, LAYOUTS[self.layout])
         flipped = torch.aminmax(k ^ TOP)
-        base, last = int(rows_sorted[0]), int(rows_sorted[-1])
-        direct = last - base < 2**32
-        if direct:  # as a chunk's pairs (_build_chunk): row offsets from base in place of local rows, no row map
-            _rows_as_offsets(pairs, k.numel(), self.layout, (rows_sorted - base).to(torch.int32))
-            rows_sorted = rows_sorted[:0]
-        tier = {"device": D, "n_keys": int(keep.sum()), "pairs_n": k.numel(), "base": base, "direct": direct,
-                "span": (int(flipped.min) ^ TOP, int(flipped.max) ^ TOP),
-                "tensors": {"pairs": pairs, "reps": reps, "table": table, "rows": rows_sorted}}
+        base, row_map = _place_rows(pairs, self.layout, rows_sorted)  # as a chunk's (_build_chunk)
+        tier = {"device": D, "n_keys": int(keep.sum()), "pairs_n": k.numel(), "base": base,
+                "direct": row_map.numel() == 0, "span": (int(flipped.min) ^ TOP, int(flipped.max) ^ TOP),
+                "tensors": {"pairs": pairs, "reps": reps, "table": table, "rows": row_map}}
         tier["view"] = self._tier_make_view(tier)
         self._tier = tier
         with self._stats_lock:
@@ -1330,9 +1325,10 @@ class ChunkedIndex:
         qhit = qlo.index_select(0, idx)
         if form == "aggregate":
             sum_dtype = torch.float64 if values.dtype.is_floating_point else torch.int64
-            _, hc, hs = self._answer(view, _Batch("aggregate", qhit, None, values, D, None), qhit, None, D)
-            count = torch.zeros(q, dtype=torch.int64, device=D).index_copy_(0, idx, hc.to(torch.int64))
-            total = torch.zeros(q, dtype=sum_dtype, device=D).index_copy_(0, idx, hs.to(sum_dtype))
+            hc, hs = _aggregated(self._answer(view, _Batch("aggregate", qhit, None, values, D, None), qhit, None, D),
+                                 values, D, sum_dtype)
+            count = torch.zeros(q, dtype=torch.int64, device=D).index_copy_(0, idx, hc)
+            total = torch.zeros(q, dtype=sum_dtype, device=D).index_copy_(0, idx, hs)
             if miss.numel():
                 mc, ms = self._serve("aggregate", qmiss, None, values, D)
                 count.index_copy_(0, miss, mc)
@@ -1648,7 +1644,7 @@ class ChunkedIndex:
             return "first", view.global_first(first), count
         if batch.form == "count":
             return "count", ops.cgrx_range_count(*args)
-        if batch.form == "aggregate" and batch.values.device == S:
+        if batch.form == "aggregate" and batch.values.device == S and view.values_fit(batch.values):
             return ("agg", *ops.cgrx_aggregate(*args, view.local_values(batch.values)))
         offsets, rows = ops.cgrx_lookup_csr(*args)  # csr, and aggregates with the values on the other device
         return "csr", offsets, view.global_rows(rows) if rows.numel() else rows
@@ -1707,15 +1703,9 @@ class ChunkedIndex:
             total = torch.zeros(q, dtype=sum_dtype, device=D)
             for t in tasks:
                 idx = sq[t.start : t.start + t.size]
-                a, b = (x.to(D) for x in t.result[1:])
-                if t.result[0] == "csr":  # the values were on another device than the chunk: sum them here
-                    per = a[1:] - a[:-1]
-                    count.index_add_(0, idx, per)
-                    owner = torch.repeat_interleave(idx, per, output_size=b.numel())
-                    total.index_add_(0, owner, values.index_select(0, b).to(sum_dtype))
-                else:
-                    count.index_add_(0, idx, a)
-                    total.index_add_(0, idx, b.to(sum_dtype))
+                a, b = _aggregated(t.result, values, D, sum_dtype)
+                count.index_add_(0, idx, a)
+                total.index_add_(0, idx, b)
             return count, total
         # CSR: piece p's rows go to piece_start[p]; a query's pieces are consecutive (query-major piece order)
         per_piece = torch.zeros(P, dtype=torch.int64, device=D)
@@ -1835,6 +1825,8 @@ class ChunkedIndex:
         # ---- apply in place, undoably. Undo log rather than copy-on-write: only the chains of the buckets a
         # batch touches change (new nodes come from slack no chain reaches), so saving those nodes costs about
         # the batch, where copying the touched chunks would cost their whole size, like a rebuild's copy.
+        # The tier's keys, to rebuild it over the new chunks, read now: an error leaves everything as it was.
+        hot_keys = None if self._tier is None else self._tier_keys()
         undo: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         try:
             for p in in_place:
@@ -1871,8 +1863,8 @@ class ChunkedIndex:
             self._next_row = max(self._next_row, int(ir.max()) + 1)
         if n_ins or removed:
             self._rows_are_positions = False
-        if self._tier is not None:  # its answers may be stale now: rebuilt over the new chunks at the next batch
-            self._hot_pending = self._tier_keys()
+        if hot_keys is not None:  # the tier's answers may be stale now: rebuilt over the new chunks at the next batch
+            self._hot_pending = hot_keys
             self._tier = None
         self._check_budget_after_update()
         rows_out = ir if insert_keys is None else ir.to(insert_keys.device)  # where the caller's keys are
@@ -2363,6 +2355,19 @@ def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
         yield idx, parts[0], parts[1]
 
 
+def _aggregated(result: tuple, values: torch.Tensor, D: torch.device, sum_dtype: torch.dtype) -> tuple:
+    """A queue's aggregate answer (:meth:`ChunkedIndex._answer`) as (count, sum) on D: the kernel's, or summed
+    here from the CSR rows where the kernel could not take the values (another device, or values that do not
+    cover one per pair)."""
+    a, b = (x.to(D) for x in result[1:])
+    if result[0] != "csr":
+        return a.to(torch.int64), b.to(sum_dtype)
+    per = a[1:] - a[:-1]
+    owner = torch.repeat_interleave(torch.arange(per.numel(), device=D), per, output_size=b.numel())
+    total = torch.zeros(per.numel(), dtype=sum_dtype, device=D)
+    return per, total.index_add_(0, owner, values.index_select(0, b).to(sum_dtype))
+
+
 def _pair_rows(pairs: torch.Tensor, n: int, layout: str) -> torch.Tensor:
     """The row words of ``n`` pairs in ``layout`` (csrc/cgrx/cgrx_core.h), as a view of ``pairs``."""
     if layout == "packed_row":
@@ -2370,6 +2375,22 @@ def _pair_rows(pairs: torch.Tensor, n: int, layout: str) -> torch.Tensor:
     if layout == "aligned_row":
         return pairs.view(-1, 4)[:n, 2]
     return pairs[2 * n : 3 * n]
+
+
+def _place_rows(pairs: torch.Tensor, layout: str, rows_sorted: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The row IDs of a cgRX structure built over keys in row order (local row r is ``rows_sorted[r]``, ascending):
+    returns (base, row map), base the smallest row. Rows spanning < 2^32 (every chunk of an index under 2^32 keys):
+    each pair holds its row's offset from base in place of its local row (rewritten here) and the map is empty, so
+    a lookup needs no map (one dependent read fewer, over PCIe where the GPU reads a chunk in place) and the
+    structure is 4 or 8 bytes per key smaller; offsets ascend with local rows, so the pairs' order (key, then row)
+    is unchanged. Wider spans keep local rows and the map holds each one's offset from base (int64)."""
+    n = rows_sorted.numel()
+    base = int(rows_sorted[0]) if n else 0
+    offsets = rows_sorted - base
+    if n == 0 or int(rows_sorted[-1]) - base < 2**32:
+        _rows_as_offsets(pairs, n, layout, offsets.to(torch.int32))
+        return base, torch.empty(0, dtype=torch.int32, device=pairs.device)
+    return base, offsets
 
 
 def _rows_as_offsets(pairs: torch.Tensor, n: int, layout: str, offsets: torch.Tensor) -> None:
