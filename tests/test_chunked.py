@@ -359,6 +359,17 @@ def test_hot_tier_stays_within_its_reservation_when_rows_pass_2_32(gen):
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
 
 
+def test_an_update_rebuilds_the_tier_over_its_keys_in_priority_order():
+    """warm's order is the tier's priority: a rebuild after an update that leaves room for fewer pairs (row IDs
+    past 2^32: a row map each) keeps the most important keys, not the lowest."""
+    index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4)
+    assert index.warm(torch.tensor([900, 800, 700, 1])) == 4
+    index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
+    got = index.lookup(torch.tensor([900, 800, 700, 1]))  # rebuilds the tier: room for 2 pairs now
+    assert got.first_row.tolist() == [900, 800, 700, 1]
+    assert index.stats()["last_batch"]["hot_hits"] == 2 and index._tier_keys().tolist() == [900, 800]
+
+
 def test_an_update_that_fails_reading_the_tier_changes_nothing(monkeypatch):
     """The tier's keys (to rebuild it after an update) are read before anything changes: an error there leaves
     the chunks and the tier as they were."""

@@ -61,8 +61,9 @@ what they would answer estimated by Good-Turing (raw counts credit uniform IDs t
 with :meth:`ChunkedIndex.warm`. Like a chunk's, the tier's pairs hold row offsets from its smallest row where
 its rows span less than 2^32 (else a row map). Its reservation, ``hot_keys`` x (12 bytes of learning candidate
 plus :meth:`ChunkedIndex._hot_pair_bytes`: 14 bytes for packed_row pairs, 18 for aligned_row, 8 more where row
-IDs reach 2^32), is taken from ``gpu_budget`` and holds ``hot_keys`` pairs. An update rebuilds it over the new
-chunks.
+IDs reach 2^32), is taken from ``gpu_budget`` and holds ``hot_keys`` pairs (fewer once updates hand out row IDs
+past 2^32, where the tier needs a row map the reservation did not price). Its keys stay in host memory in their
+priority order, over which an update rebuilds it from the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
 :meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
@@ -1216,7 +1217,7 @@ class ChunkedIndex:
 
     # --------------------------------------------------------------------------------------- the hot tier
     def _clear_hot(self) -> None:
-        self._tier: dict | None = None  # the tier: its index's view on a device, its structure, sizes
+        self._tier: dict | None = None  # the tier: its index's view on a device, its keys (host), sizes
         self._hot_cand: tuple[torch.Tensor, torch.Tensor] | None = None  # candidates: flipped keys (sorted), counts
         self._hot_pending: torch.Tensor | None = None  # the tier's keys, to rebuild after an update
         self._hot_skip = 0  # point batches left that skip learning (it found nothing worth a tier)
@@ -1263,10 +1264,8 @@ class ChunkedIndex:
         return _View(index, t["rows"], tier["base"], direct=tier["direct"])
 
     def _tier_keys(self) -> torch.Tensor:
-        """The tier's keys (flipped ordered keys, each once, on the CPU), read back from its pairs in host memory
-        (the export's 16 bytes per pair would not fit the tier's GPU reservation)."""
-        ordered, _ = _ops().cgrx_pairs_export(self._tier["tensors"]["pairs"].cpu(), LAYOUTS[self.layout])
-        return torch.unique_consecutive(ordered) ^ TOP
+        """The tier's keys (flipped ordered keys, most important first), kept in host memory (not the budget's)."""
+        return self._tier["keys"]
 
     def _rebuild_hot(self, prio: torch.Tensor, D: torch.device) -> None:
         """The tier over the keys ``prio`` (flipped ordered keys, most important first) with all their row IDs,
@@ -1293,7 +1292,8 @@ class ChunkedIndex:
         pairs, reps, table = _ops().cgrx_build(k, self.bucket_size, LAYOUTS[self.layout])
         flipped = torch.aminmax(k ^ TOP)
         base, row_map = _place_rows(pairs, self.layout, rows_sorted)  # as a chunk's (_build_chunk)
-        tier = {"device": D, "n_keys": int(keep.sum()), "pairs_n": k.numel(), "base": base,
+        kept = prio[keep].cpu()  # host memory, in priority order: what an update rebuilds the tier over
+        tier = {"device": D, "keys": kept, "n_keys": kept.numel(), "pairs_n": k.numel(), "base": base,
                 "direct": row_map.numel() == 0, "span": (int(flipped.min) ^ TOP, int(flipped.max) ^ TOP),
                 "tensors": {"pairs": pairs, "reps": reps, "table": table, "rows": row_map}}
         tier["view"] = self._tier_make_view(tier)
@@ -2382,8 +2382,8 @@ def _place_rows(pairs: torch.Tensor, layout: str, rows_sorted: torch.Tensor) -> 
     returns (base, row map), base the smallest row. Rows spanning < 2^32 (every chunk of an index under 2^32 keys):
     each pair holds its row's offset from base in place of its local row (rewritten here) and the map is empty, so
     a lookup needs no map (one dependent read fewer, over PCIe where the GPU reads a chunk in place) and the
-    structure is 4 or 8 bytes per key smaller; offsets ascend with local rows, so the pairs' order (key, then row)
-    is unchanged. Wider spans keep local rows and the map holds each one's offset from base (int64)."""
+    structure carries none; offsets ascend with local rows, so the pairs' order (key, then row) is unchanged.
+    Wider spans keep local rows and the map holds each one's offset from base (int64)."""
     n = rows_sorted.numel()
     base = int(rows_sorted[0]) if n else 0
     offsets = rows_sorted - base
