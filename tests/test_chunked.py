@@ -370,6 +370,21 @@ def test_an_update_rebuilds_the_tier_over_its_keys_in_priority_order():
     assert index.stats()["last_batch"]["hot_hits"] == 2 and index._tier_keys().tolist() == [900, 800]
 
 
+def test_learning_pauses_when_no_candidate_fits_the_tier(monkeypatch):
+    """Hot keys whose rows outnumber the tier's room build no tier: learning then pauses instead of fetching
+    their rows again on every batch."""
+    keys = torch.cat([torch.full((50,), 7), torch.full((50,), 9), torch.arange(100, 2000)])
+    index = ChunkedIndex(keys, device="cpu", chunk_bytes=4096, gpu_budget=1 << 16, hot_keys=4)
+    rebuilds = []
+    plain = ChunkedIndex._rebuild_hot
+    monkeypatch.setattr(ChunkedIndex, "_rebuild_hot", lambda self, prio, D: (rebuilds.append(1), plain(self, prio, D)))
+    q = torch.cat([torch.tensor([7, 9]).repeat(500), torch.arange(100, 300)])
+    for _ in range(6):
+        got = index.lookup(q)
+        assert got.count[:2].tolist() == [50, 50] and got.first_row[:2].tolist() == [0, 50]
+    assert index._tier is None and len(rebuilds) == 1
+
+
 def test_an_update_that_fails_reading_the_tier_changes_nothing(monkeypatch):
     """The tier's keys (to rebuild it after an update) are read before anything changes: an error there leaves
     the chunks and the tier as they were."""

@@ -1399,6 +1399,8 @@ class ChunkedIndex:
             order = torch.sort(torch.where(chosen, score, -1.0), descending=True).indices
             order = order[: int(chosen.sum())]
             self._rebuild_hot(keys.index_select(0, order), D)
+            if self._tier is None:  # not one candidate's rows fit the room: pause rather than fetch them every batch
+                self._hot_skip = HOT_PAUSE
 
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
                D: torch.device):
