@@ -113,8 +113,6 @@ def main() -> None:
                     "law (ChunkedIndex.warm, what a caller who knows its hot IDs does), not learned")
     ap.add_argument("--layout", default="packed_row", help="ChunkedIndex(layout=...): packed_row (12-byte pairs) or "
                     "aligned_row (16 bytes: a lookup reads one 64-byte line, one PCIe read where a chunk is read in place)")
-    ap.add_argument("--blocking-waits", action="store_true", help="the index's GPU feeder and CPU worker wait on "
-                    "the GPU by sleeping, not spinning (ChunkedIndex._blocking_waits, an experiment)")
     ap.add_argument("--skip-in-core", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
     ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
@@ -149,7 +147,6 @@ def main() -> None:
     t0 = time.perf_counter()
     index = ChunkedIndex(keys, device=dev, chunk_bytes=chunk_bytes, gpu_budget=budget, hot_keys=args.hot_keys,
                          layout=args.layout, progress=True)
-    index._blocking_waits = args.blocking_waits
     sync(dev)
     build_s = time.perf_counter() - t0
     peak = (torch.cuda.max_memory_allocated(dev) - base_mem) if cuda else None

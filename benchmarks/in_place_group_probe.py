@@ -1,6 +1,6 @@
 """How the GPU should launch the queues it reads in place (chunks in pinned host memory, over PCIe): a launch per
 queue, or all of them in one cgrx_lookup_queues launch with at most a window of lookups in flight (swept queue by
-queue); the feeder's waits spinning or sleeping; the CPU's threads. One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
+queue); the CPU's threads. One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
 keys, Zipf batches (their misses are the small queues read in place); the same fresh batches for every variant,
 answers compared across variants.
 
@@ -32,8 +32,8 @@ def main() -> None:
     ap.add_argument("--zipf", type=float, default=1.2)
     ap.add_argument("--hot-keys", type=int, default=1 << 26)
     ap.add_argument("--variants", nargs="+", default=["queue", "16384", "32768", "65536", "0"],
-                    help="IN_PLACE_WINDOW per variant ('queue': a launch per queue), each optionally with '+blocking' "
-                         "(the feeder's and CPU worker's waits sleep) and '+tN' (N CPU threads), e.g. queue+blocking+t15")
+                    help="IN_PLACE_WINDOW per variant ('queue': a launch per queue), each optionally with '+tN' "
+                         "(N CPU threads), e.g. queue+t15")
     ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--layout", default="packed_row", help="ChunkedIndex(layout=...)")
     ap.add_argument("--out-dir", default=None)
@@ -59,7 +59,6 @@ def main() -> None:
         parts = variant.split("+")
         w = -1 if parts[0] == "queue" else int(parts[0])
         chunked.IN_PLACE_WINDOW = None if w < 0 else w
-        index._blocking_waits = "blocking" in parts
         torch.set_num_threads(next((int(p[1:]) for p in parts if p.startswith("t")), threads))
         index.lookup(batches[0])
         for i, q in enumerate(batches):

@@ -712,10 +712,6 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        # An experiment (benchmarks/chunked_bench.py --blocking-waits): the GPU feeder's pacing waits and the CPU
-        # worker's waits for its queues' copies sleep instead of spinning, which leaves their cores to the CPU
-        # kernels' threads. Off until measured.
-        self._blocking_waits = False
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -761,21 +757,23 @@ class ChunkedIndex:
         arena = rest - search
         self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
 
+    def _pair_bytes(self) -> int:
+        """Bytes of one sorted (key, row) pair in the index's layout (csrc/cgrx/cgrx_core.h)."""
+        return 16 if self.layout == "aligned_row" else 12
+
     def _hot_pair_bytes(self) -> int:
         """The tier's bytes per (key, row ID) pair: its cgRX pair, search part and, where the index's row IDs
         reach 2^32, a row map (_rebuild_hot)."""
-        pair = 16 if self.layout == "aligned_row" else 12
         search = 8 // self.bucket_size + 2  # representatives, and under a byte of radix table
-        return pair + search + (8 if self._next_row > 2**32 else 0)
+        return self._pair_bytes() + search + (8 if self._next_row > 2**32 else 0)
 
     def _bytes_per_key(self, rows: int) -> float:
         """Bytes per key of a chunk in an index whose row IDs lie below ``rows``."""
         if self.updatable:  # a node per node_size / 2 pairs (half full), growth times that, reps, table
             N = self.node_size
             return (3 * N + 2) * 4 * 2 / N * self.growth + 16 / N + 1
-        pair = 16 if self.layout == "aligned_row" else 12
         row_map = 4 if rows > 2**32 else 0  # rows spanning < 2^32: the pairs hold row offsets (_build_chunk)
-        return pair + row_map + 8 / self.bucket_size + 1
+        return self._pair_bytes() + row_map + 8 / self.bucket_size + 1
 
     def _chunk_keys(self, rows: int) -> int:
         return max(1, int(self.chunk_bytes // self._bytes_per_key(rows)))
@@ -1587,7 +1585,7 @@ class ChunkedIndex:
                     cache.tick += 1
                     entry.tick = cache.tick
                 if cuda:
-                    done = torch.cuda.Event(blocking=self._blocking_waits)
+                    done = torch.cuda.Event()
                     done.record(compute)
                     inflight.append(done)
                     if entry is not None:
@@ -2328,9 +2326,7 @@ class _Batch:
             io.wait_event(self.part_event)
             out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
                    for t in make()]
-            done = torch.cuda.Event(blocking=index._blocking_waits)
-            done.record(io)
-            done.synchronize()
+            io.synchronize()
         return out
 
 
