@@ -551,6 +551,38 @@ def test_plan_reads_queues_in_place_that_cannot_pay_for_a_copy():
     assert _makespan(g, p, with_) < 0.25 * _makespan(*plan(tasks, without), without)
 
 
+def test_small_queues_set_the_least_queue_time_not_the_rate(gen):
+    """A GPU queue of a few lookups takes the feeder's host time, not lookups' time: small queues' times teach the
+    planner that floor (Rates.queue_s), and only queues of at least RATE_QUEUE lookups teach it the rates. (A rate
+    learned from tiny queues once priced in-place reads out of every later batch.)"""
+    from types import SimpleNamespace
+    from torch_rtindex.chunked import RATE_QUEUE, SMALL_QUEUE
+    keys = int64_keys("uniform", 4000, gen)
+    index = chunked(keys, "cpu", hot_keys=0)
+
+    def batch(in_place=(), gpu=()):
+        return SimpleNamespace(cpu_queries=0, cpu_time=0.0, cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
+                               in_place_lookups=[(None, s, n) for n, s in in_place],
+                               gpu_lookups=[(None, s, n) for n, s in gpu])
+
+    index._in_place_rate, index._measured["in_place"] = 1e8, True
+    index._learn_rates(batch(in_place=[(100, 60e-6)] * 5 + [(SMALL_QUEUE, 80e-6)]))  # tiny queues only
+    assert index._in_place_rate == 1e8 and index.stats()["queue_s"] == 60e-6
+    index._learn_rates(batch(in_place=[(RATE_QUEUE, RATE_QUEUE / 2e8), (3 * RATE_QUEUE, 3 * RATE_QUEUE / 2e8)],
+                             gpu=[(10, 20e-6)] * 3))
+    assert index._in_place_rate == pytest.approx(1.5e8) and index.stats()["queue_s"] == pytest.approx(40e-6)
+    assert index.stats()["in_place_rate"] == pytest.approx(1.5e8)
+    # The plan prices every GPU queue at no less than that floor: a queue of 10 lookups in place costs 1 ms, not
+    # 0.1 us, so the CPU (1 us a query: 10 us) takes it; a big one still goes in place.
+    rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, queue_s=1e-3)
+    tiny, big = _task(10, nbytes=1 << 20), _task(1 << 20, nbytes=1 << 20)
+    assert rates.gpu_s(tiny) == 1e-3 and rates.reads_in_place(tiny)  # a copy still costs more
+    assert rates.gpu_s(big) == pytest.approx((1 << 20) / 1e8)
+    g, c = plan([tiny, big], rates)
+    assert g == [big] and c == [tiny]
+    assert Rates(cpu=1e6, copy=1e3, gpu=1e9, queue_s=1e-3).gpu_s(_task(10, resident=True)) == 1e-3
+
+
 def _fixed_rates(index, monkeypatch, **rates):
     """Pins the planner's rates (no calibration, no learning), so that a test knows which way each queue goes."""
     for name, value in rates.items():

@@ -145,6 +145,10 @@ SEARCH_SLACK = 1.25
 # The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
+# A GPU queue's time is the larger of its lookups' and the feeder's host work for it: the GPU rates are learned from
+# queues of at least RATE_QUEUE lookups (a smaller one's time is mostly that work, and a rate learned from it misled
+# every later plan), the least time of a queue (Rates.queue_s) from those under SMALL_QUEUE.
+RATE_QUEUE, SMALL_QUEUE = 1 << 14, 1 << 11
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -404,12 +408,14 @@ class _Task:
 class Rates:
     """What the planner assumes of the machine: CPU lookups/s (from the host copies), bytes/s copied into the
     cache, GPU lookups/s (from the cache) and GPU lookups/s reading a chunk in place in pinned host memory
-    (``in_place``; 0: not an option for this batch)."""
+    (``in_place``; 0: not an option for this batch), and the least time any GPU queue takes (``queue_s``: the
+    feeder's host work per queue, which small queues' lookups cannot hide)."""
 
     cpu: float
     copy: float
     gpu: float
     in_place: float = 0.0
+    queue_s: float = 0.0
 
     def cpu_s(self, t: _Task) -> float:
         return t.size / self.cpu
@@ -418,15 +424,18 @@ class Rates:
         # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
         # slower of its two stages.
         copy = 0.0 if t.resident else _align(t.chunk.nbytes) / self.copy
-        return max(copy, t.size / self.gpu)
+        return max(copy, t.size / self.gpu, self.queue_s)
+
+    def _in_place_s(self, t: _Task) -> float:
+        return max(t.size / self.in_place, self.queue_s)
 
     def reads_in_place(self, t: _Task) -> bool:
         """Whether the GPU answers ``t`` reading its chunk where it is rather than copying it in: a queue too small
         to pay for its chunk's copy (never a cached chunk's)."""
-        return self.in_place > 0 and not t.resident and t.size / self.in_place < self._copied_s(t)
+        return self.in_place > 0 and not t.resident and self._in_place_s(t) < self._copied_s(t)
 
     def gpu_s(self, t: _Task) -> float:
-        return t.size / self.in_place if self.reads_in_place(t) else self._copied_s(t)
+        return self._in_place_s(t) if self.reads_in_place(t) else self._copied_s(t)
 
 
 def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
@@ -716,7 +725,8 @@ class ChunkedIndex:
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
         self._in_place_rate = 0.0  # lookups/s reading a chunk in place: measured before it is ever planned with
-        self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
+        self._queue_s = 0.0  # seconds: the least a GPU queue takes (Rates.queue_s), measured on small queues
+        self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False, "queue": False}
         self._calibrated: set[str] = set()  # rates _calibrate has measured (each once; batches measure them after)
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
@@ -1116,7 +1126,8 @@ class ChunkedIndex:
         measured on every batch (exponential averages). ``in_place`` is 0 where the GPU does not read queues'
         chunks in place (:attr:`read_in_place`)."""
         return Rates(self._cpu_rate, self._copy_rate, self._gpu_rate,
-                     self._in_place_rate if self._in_place_on() and self._measured["in_place"] else 0.0)
+                     self._in_place_rate if self._in_place_on() and self._measured["in_place"] else 0.0,
+                     self._queue_s)
 
     def _in_place_on(self) -> bool:
         """Whether the planner may have the GPU read a queue's chunk in place (``read_in_place``): only for the
@@ -1750,16 +1761,24 @@ class ChunkedIndex:
         # is for.
         learned = [(batch.gpu_lookups, "gpu")] + ([] if self.processors == "zero_copy" else
                                                   [(batch.in_place_lookups, "in_place")])
+        small = []
         for timed, name in learned:
-            looked = sum(n for _, _, n in timed)
-            busy = sum(b if a is None else a.elapsed_time(b) / 1e3 for a, b, n in timed)
-            if looked >= 1024 and busy > 0:
+            queues = [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed]
+            small += [s for n, s in queues if n < SMALL_QUEUE]
+            looked = sum(n for n, _ in queues if n >= RATE_QUEUE)
+            busy = sum(s for n, s in queues if n >= RATE_QUEUE)
+            if looked and busy > 0:
                 rate, old = looked / busy, getattr(self, f"_{name}_rate")
                 setattr(self, f"_{name}_rate", 0.5 * old + 0.5 * rate if self._measured[name] else rate)
                 self._measured[name] = True
+        if small:
+            least = sorted(small)[len(small) // 2]  # the median: one stalled queue says little
+            self._queue_s = 0.5 * self._queue_s + 0.5 * least if self._measured["queue"] else least
+            self._measured["queue"] = True
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
         self._stats["gpu_rate"] = self._gpu_rate
         self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
+        self._stats["queue_s"] = self._queue_s if self._measured["queue"] else None
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
@@ -2150,7 +2169,7 @@ class ChunkedIndex:
             "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0, "chunks_updated_in_place": 0,
             "chunks_rebuilt": 0,
             "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
-            "in_place_rate": None,
+            "in_place_rate": None, "queue_s": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
                        "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
