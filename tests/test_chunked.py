@@ -108,6 +108,7 @@ def test_both_processors_share_a_batch(gen):
     for _ in range(3):
         # as fast as each other: the planner gives both processors a share
         index._cpu_rate = index._copy_rate = index._gpu_rate = 1e6
+        index._queue_s = 0.0
         index._measured = dict.fromkeys(index._measured, True)
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
@@ -173,7 +174,7 @@ def test_budgets(gen):
     index.lookup(q)
     index.reset_stats()
     index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
-    index._gpu_rate, index._measured = 1e15, dict.fromkeys(index._measured, True)
+    index._gpu_rate, index._queue_s, index._measured = 1e15, 0.0, dict.fromkeys(index._measured, True)
     index.lookup(q)
     s = index.stats()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -560,8 +561,8 @@ def test_small_queues_set_the_least_queue_time_not_the_rate(gen):
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
 
-    def batch(in_place=(), gpu=()):
-        return SimpleNamespace(cpu_queries=0, cpu_time=0.0, cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
+    def batch(in_place=(), gpu=(), cpu=()):
+        return SimpleNamespace(cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
                                in_place_lookups=[(None, s, n) for n, s in in_place],
                                gpu_lookups=[(None, s, n) for n, s in gpu])
 
@@ -572,6 +573,11 @@ def test_small_queues_set_the_least_queue_time_not_the_rate(gen):
                              gpu=[(10, 20e-6)] * 3))
     assert index._in_place_rate == pytest.approx(1.5e8) and index.stats()["queue_s"] == pytest.approx(40e-6)
     assert index.stats()["in_place_rate"] == pytest.approx(1.5e8)
+    index._cpu_rate, index._measured["cpu"] = 3e7, True
+    index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3)]))  # one small call: 7 M/s, mostly the call's own time
+    assert index._cpu_rate == 3e7
+    index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3), (RATE_QUEUE, RATE_QUEUE / 5e7)]))
+    assert index._cpu_rate == pytest.approx(4e7)
     # The plan prices every GPU queue at no less than that floor: a queue of 10 lookups in place costs 1 ms, not
     # 0.1 us, so the CPU (1 us a query: 10 us) takes it; a big one still goes in place.
     rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, queue_s=1e-3)
@@ -587,6 +593,7 @@ def _fixed_rates(index, monkeypatch, **rates):
     """Pins the planner's rates (no calibration, no learning), so that a test knows which way each queue goes."""
     for name, value in rates.items():
         setattr(index, f"_{name}_rate", value)
+    index._queue_s = 0.0
     index._measured = dict.fromkeys(index._measured, True)
     monkeypatch.setattr(index, "_learn_rates", lambda batch: None)
 

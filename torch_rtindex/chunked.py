@@ -145,9 +145,9 @@ SEARCH_SLACK = 1.25
 # The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
-# A GPU queue's time is the larger of its lookups' and the feeder's host work for it: the GPU rates are learned from
-# queues of at least RATE_QUEUE lookups (a smaller one's time is mostly that work, and a rate learned from it misled
-# every later plan), the least time of a queue (Rates.queue_s) from those under SMALL_QUEUE.
+# A GPU queue's time is the larger of its lookups' and the feeder's host work for it: the rates are learned from
+# queues (CPU: calls) of at least RATE_QUEUE lookups (a smaller one's time is mostly that work, and a rate learned
+# from it misled every later plan), the least time of a GPU queue (Rates.queue_s) from those under SMALL_QUEUE.
 RATE_QUEUE, SMALL_QUEUE = 1 << 14, 1 << 11
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
@@ -1527,8 +1527,7 @@ class ChunkedIndex:
                 with self._stats_lock:
                     self._stats["queries_cpu"] += size
                     self._stats["time_s"]["cpu"] += dt
-                batch.cpu_queries += size
-                batch.cpu_time += dt
+                batch.cpu_calls.append((size, dt))
         except BaseException as e:  # handed to the calling thread, which raises it
             sched.abort = True
             if error is None:
@@ -1743,8 +1742,12 @@ class ChunkedIndex:
     def _learn_rates(self, batch: "_Batch") -> None:
         """Updates the measured CPU lookup rate and copy rate (the automatic critical mass): the first
         measurement replaces the guess, later ones are averaged in (half weight each batch)."""
-        if batch.cpu_queries >= 1024 and batch.cpu_time > 0:
-            rate = batch.cpu_queries / batch.cpu_time
+        # Likewise the CPU's rate: from its calls of at least RATE_QUEUE queries (a smaller call's time is mostly
+        # the call's own work, and the rate learned from one starved the CPU of the next batches).
+        looked = sum(n for n, _ in batch.cpu_calls if n >= RATE_QUEUE)
+        busy = sum(s for n, s in batch.cpu_calls if n >= RATE_QUEUE)
+        if looked and busy > 0:
+            rate = looked / busy
             self._cpu_rate = 0.5 * self._cpu_rate + 0.5 * rate if self._measured["cpu"] else rate
             self._measured["cpu"] = True
         copied, seconds = batch.cpu_copy_bytes, batch.cpu_copy_time
@@ -2313,8 +2316,7 @@ class _Batch:
     copies: list = field(default_factory=list)
     gpu_lookups: list = field(default_factory=list)  # (start event, end event or seconds, queries) per GPU queue
     in_place_lookups: list = field(default_factory=list)  # the same for queues the GPU read in place
-    cpu_queries: int = 0
-    cpu_time: float = 0.0
+    cpu_calls: list = field(default_factory=list)  # (queries, seconds) of each CPU call
     cpu_copy_bytes: int = 0
     cpu_copy_time: float = 0.0
 
