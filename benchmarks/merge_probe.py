@@ -1,0 +1,67 @@
+"""Where a ChunkedIndex batch's merge spends its time: 2^--log-keys uniform keys, gpu_budget a quarter of the
+index, a tier given the 2^26 hottest keys, Zipf batches; the last batches run under torch.profiler (CPU and CUDA),
+its top entries by host time printed, with the batch's stage times.
+
+    python benchmarks/merge_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 0.99]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from chunked_bench import make_keys, rank_positions, zipf_positions  # noqa: E402
+
+from torch_rtindex import ChunkedIndex  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--log-keys", type=int, default=30)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--zipf", type=float, default=0.99)
+    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    ap.add_argument("--batches", type=int, default=4)
+    ap.add_argument("--profiled", type=int, default=1)
+    a = ap.parse_args()
+    dev = torch.device("cuda")
+    n = 1 << a.log_keys
+    keys = make_keys(n, dev)
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0)
+    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
+    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False)
+    top = rank_positions(torch.arange(index.hot_capacity), n)
+    index.warm(keys.index_select(0, top).to(dev))
+    gen = torch.Generator().manual_seed(7)
+    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
+               for _ in range(a.batches)]
+    for i, q in enumerate(batches):
+        prof = i >= a.batches - a.profiled
+        ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                 torch.profiler.ProfilerActivity.CUDA]) if prof else None
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        if ctx:
+            with ctx:
+                index.lookup(q)
+                torch.cuda.synchronize()
+        else:
+            index.lookup(q)
+            torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        last = index.stats()["last_batch"]
+        t = {k: round(v * 1e3, 1) for k, v in last["time_s"].items() if v}
+        print(f"batch {i}{' (profiled)' if prof else ''}: {ms:.1f} ms, in place {last['queries_in_place']}, "
+              f"cpu {last['queries_cpu']}, stages ms {t}", flush=True)
+        if ctx:
+            print(ctx.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+
+
+if __name__ == "__main__":
+    main()
