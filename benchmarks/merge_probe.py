@@ -38,6 +38,7 @@ def main() -> None:
     index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False)
     top = rank_positions(torch.arange(index.hot_capacity), n)
     index.warm(keys.index_select(0, top).to(dev))
+    print(f"after warm: {index.rates()}", flush=True)
     gen = torch.Generator().manual_seed(7)
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
                for _ in range(a.batches)]
@@ -58,7 +59,7 @@ def main() -> None:
         last = index.stats()["last_batch"]
         t = {k: round(v * 1e3, 1) for k, v in last["time_s"].items() if v}
         print(f"batch {i}{' (profiled)' if prof else ''}: {ms:.1f} ms, in place {last['queries_in_place']}, "
-              f"cpu {last['queries_cpu']}, stages ms {t}", flush=True)
+              f"cpu {last['queries_cpu']}, stages ms {t}\n  rates {index.rates()}", flush=True)
         if ctx:
             print(ctx.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 

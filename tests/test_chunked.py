@@ -562,22 +562,34 @@ def test_small_queues_set_the_least_queue_time_not_the_rate(gen):
     index = chunked(keys, "cpu", hot_keys=0)
 
     def batch(in_place=(), gpu=(), cpu=()):
-        return SimpleNamespace(cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
+        return SimpleNamespace(points=True, cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
                                in_place_lookups=[(None, s, n) for n, s in in_place],
                                gpu_lookups=[(None, s, n) for n, s in gpu])
 
-    index._in_place_rate, index._measured["in_place"] = 1e8, True
+    index._in_place_rate, index._measured["in_place"] = 1e8, "points"
     index._learn_rates(batch(in_place=[(100, 60e-6)] * 5 + [(SMALL_QUEUE, 80e-6)]))  # tiny queues only
     assert index._in_place_rate == 1e8 and index.stats()["queue_s"] == 60e-6
     index._learn_rates(batch(in_place=[(RATE_QUEUE, RATE_QUEUE / 2e8), (3 * RATE_QUEUE, 3 * RATE_QUEUE / 2e8)],
                              gpu=[(10, 20e-6)] * 3))
     assert index._in_place_rate == pytest.approx(1.5e8) and index.stats()["queue_s"] == pytest.approx(40e-6)
     assert index.stats()["in_place_rate"] == pytest.approx(1.5e8)
-    index._cpu_rate, index._measured["cpu"] = 3e7, True
+    index._cpu_rate, index._measured["cpu"] = 3e7, "points"
     index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3)]))  # one small call: 7 M/s, mostly the call's own time
     assert index._cpu_rate == 3e7
     index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3), (RATE_QUEUE, RATE_QUEUE / 5e7)]))
     assert index._cpu_rate == pytest.approx(4e7)
+    # Rates are for point lookups: a CSR or range batch (like warm()'s row fetch) measures one only until a point
+    # batch has, and the first point measurement replaces it.
+    other = batch(cpu=[(RATE_QUEUE, RATE_QUEUE / 1e6)])
+    other.points = False
+    index._learn_rates(other)
+    assert index._cpu_rate == pytest.approx(4e7)
+    index._measured["cpu"] = False
+    index._learn_rates(other)
+    assert index._cpu_rate == pytest.approx(1e6) and index._measured["cpu"] == "other"
+    assert index._uncalibrated("cpu", True) and not index._uncalibrated("cpu", False)
+    index._learn_rates(batch(cpu=[(RATE_QUEUE, RATE_QUEUE / 5e7)]))
+    assert index._cpu_rate == pytest.approx(5e7) and not index._uncalibrated("cpu", True)
     # The plan prices every GPU queue at no less than that floor: a queue of 10 lookups in place costs 1 ms, not
     # 0.1 us, so the CPU (1 us a query: 10 us) takes it; a big one still goes in place.
     rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, queue_s=1e-3)
@@ -631,6 +643,24 @@ def test_in_place_rate_is_calibrated_then_learned(gen):
     assert index.stats()["in_place_rate"] is not None
     index.processors = "gpu"  # GPU-only serving copies chunks in: the baseline in-place reads are measured against
     assert index.rates().in_place == 0
+
+
+def test_point_lookups_calibrate_after_a_warm_tier(gen):
+    """warm() fetches its keys' rows in one CSR batch, which calibrates the rates if nothing had; the first point
+    batch after it calibrates them again on point lookups, and later CSR batches leave them alone."""
+    keys = int64_keys("uniform", 20000, gen)
+    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=2000)
+    index.read_in_place = True
+    index.warm(keys[:2000])
+    assert index._measured["cpu"] == "other" and index._measured["in_place"] == "other"
+    q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
+    ref = CgRXIndex(keys).lookup(q)
+    got = index.lookup(q)
+    assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
+    assert index._measured["cpu"] == "points" and index._measured["in_place"] == "points"
+    rates = index.rates()
+    index.lookup_all(q)
+    assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
 
 
 def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):

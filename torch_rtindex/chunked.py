@@ -35,9 +35,12 @@ single queues move off the processor that ends last while that ends the batch so
 the CPU never keeps a queue the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The
 plan is handed out on demand (the paper's scheme): a processor that runs out of its own queues takes over the
 other's last one if it would finish it before the other got through its backlog. The rates are calibrated once on
-the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in) and
-then measured on every batch (exponential averages); :meth:`ChunkedIndex.rates` shows them. ``critical_mass`` (an
-int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at least that size.
+the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in, one
+read in place) and then measured on every batch (exponential averages; a GPU queue costs at least the feeder's time per queue, learned
+from small queues, and rates come from queues of 2^14 queries and more, whose time is their lookups'); rates are
+for point lookups: a batch of another form measures a rate only until a point batch has; :meth:`ChunkedIndex.rates`
+shows them. ``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and
+others of at least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -726,8 +729,11 @@ class ChunkedIndex:
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
         self._in_place_rate = 0.0  # lookups/s reading a chunk in place: measured before it is ever planned with
         self._queue_s = 0.0  # seconds: the least a GPU queue takes (Rates.queue_s), measured on small queues
+        # Per rate: False (a guess), "other" (measured on CSR, range or aggregate batches) or "points" (on point
+        # lookups, the workload the rates are for: a CSR or range query's rows cost more, so a rate from such a
+        # batch, like warm()'s row fetch, serves only until a point batch measures it).
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False, "queue": False}
-        self._calibrated: set[str] = set()  # rates _calibrate has measured (each once; batches measure them after)
+        self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1159,7 +1165,8 @@ class ChunkedIndex:
         misplace a whole batch): a slice of the largest queue answered from its host copy, and a slice of its chunk
         copied into the (still empty) cache; where the GPU may read chunks in place, the same slice answered so."""
         t = max(tasks, key=lambda t: t.size)
-        if self._in_place_on() and not self._measured["in_place"] and t.size >= 512:
+        points = batch.points
+        if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= 512:
             # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from
             # the caches, not over PCIe.
             warm = min(t.size // 8, 256)
@@ -1169,20 +1176,18 @@ class ChunkedIndex:
             part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
             qlo, qhi = batch.queue(part, self.device, self)
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
-            self._in_place_rate = part.size / max(seconds, 1e-9)
-            self._measured["in_place"] = True
-            self._calibrated.add("in_place")
-        if not self._measured["cpu"] and t.size >= 256:
+            self._learn("in_place", part.size / max(seconds, 1e-9), points)
+            self._calibrated.add(("in_place", points))
+        if self._uncalibrated("cpu", points) and t.size >= 256:
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
             view = self._host_view(t.chunk)
             qlo, qhi = batch.queue(part, torch.device("cpu"), self)
             self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, torch.device("cpu")), torch.device("cpu"))
-            self._cpu_rate = part.size / max(seconds, 1e-9)
-            self._measured["cpu"] = True
-            self._calibrated.add("cpu")
+            self._learn("cpu", part.size / max(seconds, 1e-9), points)
+            self._calibrated.add(("cpu", points))
         cache = self._cache
-        if not self._measured["copy"] and cache is not None and not cache.entries:
+        if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
             size = min(host.numel(), cache.budget, 64 << 20)
             buf = cache.arena.storage()
@@ -1193,10 +1198,29 @@ class ChunkedIndex:
                 buf[:size].copy_(host[:size], non_blocking=True)  # warm
             seconds = _seconds(lambda: buf[:size].copy_(host[:size], non_blocking=True), self.device)
             self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
-            self._calibrated.add("copy")  # once: a chunk under 1 MiB times too short to trust; batches measure it
+            self._calibrated.add(("copy", True))  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
-                self._copy_rate = size / max(seconds, 1e-9)
-                self._measured["copy"] = True
+                self._learn("copy", size / max(seconds, 1e-9), True)
+
+    def _uncalibrated(self, name: str, points: bool) -> bool:
+        """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
+        (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one."""
+        points = points or name == "copy"
+        have = self._measured[name] in ("points", True) if points else bool(self._measured[name])
+        return not have and (name, points) not in self._calibrated
+
+    def _learn(self, name: str, value: float, points: bool) -> None:
+        """One measurement of rate ``name`` (``queue``: Rates.queue_s) from a point batch or another: averaged in
+        at half weight where the rate came from the same kind of batch, else it replaces the rate, except that
+        other batches never replace a point batch's (see ``_measured``). The copy rate counts as a point one."""
+        points = points or name == "copy"
+        was = self._measured[name]
+        if was in ("points", True) and not points:
+            return
+        attr = "_queue_s" if name == "queue" else f"_{name}_rate"
+        same = was == ("points" if points else "other") or (was is True and points)
+        setattr(self, attr, 0.5 * getattr(self, attr) + 0.5 * value if same else value)
+        self._measured[name] = "points" if points else "other"
 
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
         t_start = time.perf_counter()
@@ -1467,7 +1491,7 @@ class ChunkedIndex:
         # The rates the calibration measures (the GPU's lookup rate comes from the batches alone).
         wanted = ("cpu", "copy", "in_place") if self._in_place_on() else ("cpu", "copy")
         if (tasks and gpu_on and cpu_on and self.critical_mass is None
-                and any(not self._measured[k] and k not in self._calibrated for k in wanted)):
+                and any(self._uncalibrated(k, batch.points) for k in wanted)):
             t0 = time.perf_counter()
             self._calibrate(batch, tasks)
             tm["calibrate"] += time.perf_counter() - t0
@@ -1740,25 +1764,20 @@ class ChunkedIndex:
         return offsets, out_rows
 
     def _learn_rates(self, batch: "_Batch") -> None:
-        """Updates the measured CPU lookup rate and copy rate (the automatic critical mass): the first
-        measurement replaces the guess, later ones are averaged in (half weight each batch)."""
-        # Likewise the CPU's rate: from its calls of at least RATE_QUEUE queries (a smaller call's time is mostly
+        """Updates the rates the planner uses from what the batch measured (:meth:`_learn`)."""
+        # The CPU's rate: from its calls of at least RATE_QUEUE queries (a smaller call's time is mostly
         # the call's own work, and the rate learned from one starved the CPU of the next batches).
         looked = sum(n for n, _ in batch.cpu_calls if n >= RATE_QUEUE)
         busy = sum(s for n, s in batch.cpu_calls if n >= RATE_QUEUE)
         if looked and busy > 0:
-            rate = looked / busy
-            self._cpu_rate = 0.5 * self._cpu_rate + 0.5 * rate if self._measured["cpu"] else rate
-            self._measured["cpu"] = True
+            self._learn("cpu", looked / busy, batch.points)
         copied, seconds = batch.cpu_copy_bytes, batch.cpu_copy_time
         for start, end, nbytes in batch.copies:
             end.synchronize()
             copied += nbytes
             seconds += start.elapsed_time(end) / 1e3
         if copied >= 1 << 20 and seconds > 0:
-            rate = copied / seconds
-            self._copy_rate = 0.5 * self._copy_rate + 0.5 * rate if self._measured["copy"] else rate
-            self._measured["copy"] = True
+            self._learn("copy", copied / seconds, True)
         self._stats["time_s"]["copy"] += seconds
         # A zero_copy batch reads every queue in place, of every size: not the small queues the planner's rate
         # is for.
@@ -1771,13 +1790,9 @@ class ChunkedIndex:
             looked = sum(n for n, _ in queues if n >= RATE_QUEUE)
             busy = sum(s for n, s in queues if n >= RATE_QUEUE)
             if looked and busy > 0:
-                rate, old = looked / busy, getattr(self, f"_{name}_rate")
-                setattr(self, f"_{name}_rate", 0.5 * old + 0.5 * rate if self._measured[name] else rate)
-                self._measured[name] = True
+                self._learn(name, looked / busy, batch.points)
         if small:
-            least = sorted(small)[len(small) // 2]  # the median: one stalled queue says little
-            self._queue_s = 0.5 * self._queue_s + 0.5 * least if self._measured["queue"] else least
-            self._measured["queue"] = True
+            self._learn("queue", sorted(small)[len(small) // 2], batch.points)  # the median: one stalled queue says little
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
         self._stats["gpu_rate"] = self._gpu_rate
         self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
@@ -2319,6 +2334,11 @@ class _Batch:
     cpu_calls: list = field(default_factory=list)  # (queries, seconds) of each CPU call
     cpu_copy_bytes: int = 0
     cpu_copy_time: float = 0.0
+
+    @property
+    def points(self) -> bool:
+        """Whether the batch is point lookups (first row and count), the workload the planner's rates are for."""
+        return self.form == "lookup" and self.s_hi is None
 
     def queue(self, task: _Task, S: torch.device, index: ChunkedIndex) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The task's queries on the serving device S."""
