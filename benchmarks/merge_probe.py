@@ -42,8 +42,15 @@ def main() -> None:
     gen = torch.Generator().manual_seed(7)
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
                for _ in range(a.batches)]
+    def allocs():
+        d, h = torch.cuda.memory_stats(), torch.cuda.host_memory_stats()
+        return {"device_allocs": d.get("num_device_alloc", 0), "alloc_retries": d.get("num_alloc_retries", 0),
+                "device_frees": d.get("num_device_free", 0), "host_allocs": h.get("num_host_alloc", 0),
+                "host_alloc_ms": h.get("host_alloc_time.total", 0) / 1e3}
+
     for i, q in enumerate(batches):
         prof = i >= a.batches - a.profiled
+        before = allocs()
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                  torch.profiler.ProfilerActivity.CUDA]) if prof else None
         torch.cuda.synchronize()
@@ -59,7 +66,8 @@ def main() -> None:
         last = index.stats()["last_batch"]
         t = {k: round(v * 1e3, 1) for k, v in last["time_s"].items() if v}
         print(f"batch {i}{' (profiled)' if prof else ''}: {ms:.1f} ms, in place {last['queries_in_place']}, "
-              f"cpu {last['queries_cpu']}, stages ms {t}\n  rates {index.rates()}", flush=True)
+              f"cpu {last['queries_cpu']}, stages ms {t}\n  rates {index.rates()}\n  allocations "
+              f"{ {k: round(v - before[k], 1) for k, v in allocs().items()} }", flush=True)
         if ctx:
             print(ctx.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 
