@@ -43,7 +43,8 @@ def main() -> None:
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
                for _ in range(a.batches)]
     def allocs():
-        d, h = torch.cuda.memory_stats(), torch.cuda.host_memory_stats()
+        d = torch.cuda.memory_stats()
+        h = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
         return {"device_allocs": d.get("num_device_alloc", 0), "alloc_retries": d.get("num_alloc_retries", 0),
                 "device_frees": d.get("num_device_free", 0), "host_allocs": h.get("num_host_alloc", 0),
                 "host_alloc_ms": h.get("host_alloc_time.total", 0) / 1e3}
