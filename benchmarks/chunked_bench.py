@@ -56,6 +56,28 @@ def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1):
     return times[len(times) // 2], out
 
 
+class GcTimer:
+    """Python's garbage collections while it is installed (gc.callbacks): how many of each generation and their
+    milliseconds, read and zeroed by take(). A full collection walks every object of the process (torch's alone are
+    over 10^5), so one that lands in a timed batch adds tens of milliseconds to it."""
+
+    def __init__(self) -> None:
+        self.counts, self.ms, self._t0 = [0, 0, 0], 0.0, 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.counts[info["generation"]] += 1
+            self.ms += (time.perf_counter() - self._t0) * 1e3
+
+    def take(self) -> dict:
+        out = {"gc_collections": list(self.counts), "gc_ms": self.ms}
+        self.counts, self.ms = [0, 0, 0], 0.0
+        return out
+
+
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
     """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
     law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the
@@ -117,6 +139,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script (the cache is a CPU copy)")
     ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<GPU>/)")
     args = ap.parse_args()
+    gc_timer = GcTimer()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     n = 1 << args.log_keys
@@ -248,7 +271,9 @@ def main() -> None:
                     if mode in ("cpu_only", "zero_copy") and i > args.train_batches:
                         break  # the slow ones: one timed batch
                     q = keys.index_select(0, pos).to(dev)
+                    gc_timer.take()
                     ms, res = run_timed(lambda: index.lookup(q), dev, 1, warmup=0)
+                    collected = gc_timer.take()
                     last = index.stats()["last_batch"]
                     if i < args.train_batches:
                         continue
@@ -260,7 +285,7 @@ def main() -> None:
                         "queries_cpu": last["queries_cpu"], "queries_in_place": last["queries_in_place"],
                         "hot_hits": last["hot_hits"],
                         "hot_rebuilds": last["hot_rebuilds"], "chunk_misses": last["chunk_misses"],
-                        "plan": last["plan"], "time_s": last["time_s"],
+                        "plan": last["plan"], "time_s": last["time_s"], **collected,
                     })
                 st = index.stats()
                 mid = sorted(per_batch, key=lambda r: r["ms"])[len(per_batch) // 2]
@@ -289,7 +314,8 @@ def main() -> None:
                           f"{r['bytes_copied'] / 2**30:6.2f} GiB (floor {r['copied_floor_ms']:8.2f} ms, "
                           f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']} (in place "
                           f"{r['queries_in_place']})  cpu "
-                          f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}", flush=True)
+                          f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}  merge "
+                          f"{r['time_s']['merge'] * 1e3:.1f} ms  gc {r['gc_collections']} {r['gc_ms']:.1f} ms", flush=True)
                 mem = index.memory()
                 print(f"{mode:9s} {dist:9s} 2^{log_m} GPU memory: cache {mem['cache'] / 2**30:.2f} GiB, tier "
                       f"{mem['hot'] / 2**30:.2f} GiB, search parts {mem['search'] / 2**30:.2f} GiB; rates: in place "

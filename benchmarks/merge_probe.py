@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import make_keys, rank_positions, zipf_positions  # noqa: E402
+from chunked_bench import GcTimer, make_keys, rank_positions, zipf_positions  # noqa: E402
 
 from torch_rtindex import ChunkedIndex  # noqa: E402
 
@@ -49,9 +49,11 @@ def main() -> None:
                 "device_frees": d.get("num_device_free", 0), "host_allocs": h.get("num_host_alloc", 0),
                 "host_alloc_ms": h.get("host_alloc_time.total", 0) / 1e3}
 
+    gc_timer = GcTimer()
     for i, q in enumerate(batches):
         prof = i >= a.batches - a.profiled
         before = allocs()
+        gc_timer.take()
         ctx = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                  torch.profiler.ProfilerActivity.CUDA]) if prof else None
         torch.cuda.synchronize()
@@ -68,7 +70,8 @@ def main() -> None:
         t = {k: round(v * 1e3, 1) for k, v in last["time_s"].items() if v}
         print(f"batch {i}{' (profiled)' if prof else ''}: {ms:.1f} ms, in place {last['queries_in_place']}, "
               f"cpu {last['queries_cpu']}, stages ms {t}\n  rates {index.rates()}\n  allocations "
-              f"{ {k: round(v - before[k], 1) for k, v in allocs().items()} }", flush=True)
+              f"{ {k: round(v - before[k], 1) for k, v in allocs().items()} }, garbage collections {gc_timer.take()}",
+              flush=True)
         if ctx:
             print(ctx.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 
