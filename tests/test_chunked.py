@@ -663,6 +663,26 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
     assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
 
 
+def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
+    """A rate so low that no plan uses its way is never measured by the batches: after RATE_STALE point batches
+    without a measurement, a point batch calibrates it again."""
+    from torch_rtindex.chunked import RATE_STALE
+    keys = int64_keys("uniform", 20000, gen)
+    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
+    index.read_in_place = True
+    q = keys[torch.randint(0, keys.numel(), (4000,), generator=gen)]
+    ref = CgRXIndex(keys).lookup(q)
+    index.lookup(q)
+    assert index._measured["in_place"] == "points"
+    index._in_place_rate = 1.0  # one lookup a second: never worth a plan
+    for i in range(RATE_STALE - 1):  # the batch above counts as one: its calibration came before its count
+        got = index.lookup(q)
+        assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
+        assert index.stats()["last_batch"]["queries_in_place"] == 0 and index._in_place_rate == 1.0, i
+    index.lookup(q)
+    assert index._in_place_rate > 1.0 and index._rate_age["in_place"] <= 1
+
+
 def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
     """One batch with queues served from the cache and queues read in place (on CUDA: the pinned host chunks
     through their mapped views), next to the CPU's."""

@@ -36,11 +36,13 @@ the CPU never keeps a queue the GPU would end the batch sooner with. A chunk lar
 plan is handed out on demand (the paper's scheme): a processor that runs out of its own queues takes over the
 other's last one if it would finish it before the other got through its backlog. The rates are calibrated once on
 the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in, one
-read in place) and then measured on every batch (exponential averages; a GPU queue costs at least the feeder's time per queue, learned
-from small queues, and rates come from queues of 2^14 queries and more, whose time is their lookups'); rates are
-for point lookups: a batch of another form measures a rate only until a point batch has; :meth:`ChunkedIndex.rates`
-shows them. ``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and
-others of at least that size.
+read in place) and then measured on every batch (exponential averages). A GPU queue costs at least the feeder's time
+per queue (learned from small queues); rates come from queues and CPU calls of 2^14 queries or more, whose time is
+their lookups'. Rates are those of point lookups: a batch of another form sets one only until a point batch has
+measured it, and a point batch calibrates the CPU's or the in-place rate again when 16 point batches have not
+measured it (a rate that priced its way out of every plan). :meth:`ChunkedIndex.rates` shows them.
+``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at
+least that size.
 
 **Cache policy** (``eviction``): to make room the cache evicts, among its chunks, the one with the least
 demand still pending in the current batch, then the least "heat" (an exponential average of each chunk's queue
@@ -152,6 +154,9 @@ CPU_GROUP_QUERIES = 1 << 16
 # queues (CPU: calls) of at least RATE_QUEUE lookups (a smaller one's time is mostly that work, and a rate learned
 # from it misled every later plan), the least time of a GPU queue (Rates.queue_s) from those under SMALL_QUEUE.
 RATE_QUEUE, SMALL_QUEUE = 1 << 14, 1 << 11
+# A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it:
+# a rate that prices its way out of every plan is never measured by the batches, right or wrong.
+RATE_STALE = 16
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -734,6 +739,7 @@ class ChunkedIndex:
         # batch, like warm()'s row fetch, serves only until a point batch measures it).
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False, "queue": False}
         self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
+        self._rate_age = {"cpu": 0, "in_place": 0}  # point batches since a point batch measured the rate
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1176,7 +1182,7 @@ class ChunkedIndex:
             part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
             qlo, qhi = batch.queue(part, self.device, self)
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
-            self._learn("in_place", part.size / max(seconds, 1e-9), points)
+            self._learn("in_place", part.size / max(seconds, 1e-9), points, replace=True)
             self._calibrated.add(("in_place", points))
         if self._uncalibrated("cpu", points) and t.size >= 256:
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
@@ -1184,7 +1190,7 @@ class ChunkedIndex:
             qlo, qhi = batch.queue(part, torch.device("cpu"), self)
             self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, torch.device("cpu")), torch.device("cpu"))
-            self._learn("cpu", part.size / max(seconds, 1e-9), points)
+            self._learn("cpu", part.size / max(seconds, 1e-9), points, replace=True)
             self._calibrated.add(("cpu", points))
         cache = self._cache
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
@@ -1200,27 +1206,33 @@ class ChunkedIndex:
             self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
             self._calibrated.add(("copy", True))  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
-                self._learn("copy", size / max(seconds, 1e-9), True)
+                self._learn("copy", size / max(seconds, 1e-9), True, replace=True)
 
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
-        (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one."""
+        (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
+        a rate no point batch has measured for RATE_STALE point batches."""
+        if points and self._rate_age.get(name, 0) >= RATE_STALE:
+            return True
         points = points or name == "copy"
         have = self._measured[name] in ("points", True) if points else bool(self._measured[name])
         return not have and (name, points) not in self._calibrated
 
-    def _learn(self, name: str, value: float, points: bool) -> None:
+    def _learn(self, name: str, value: float, points: bool, replace: bool = False) -> None:
         """One measurement of rate ``name`` (``queue``: Rates.queue_s) from a point batch or another: averaged in
-        at half weight where the rate came from the same kind of batch, else it replaces the rate, except that
-        other batches never replace a point batch's (see ``_measured``). The copy rate counts as a point one."""
+        at half weight where the rate came from the same kind of batch, else (or with ``replace``: a calibration)
+        it replaces the rate, except that other batches never replace a point batch's (see ``_measured``). The
+        copy rate counts as a point one."""
         points = points or name == "copy"
         was = self._measured[name]
         if was in ("points", True) and not points:
             return
         attr = "_queue_s" if name == "queue" else f"_{name}_rate"
-        same = was == ("points" if points else "other") or (was is True and points)
+        same = not replace and (was == ("points" if points else "other") or (was is True and points))
         setattr(self, attr, 0.5 * getattr(self, attr) + 0.5 * value if same else value)
         self._measured[name] = "points" if points else "other"
+        if points and name in self._rate_age:
+            self._rate_age[name] = 0
 
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
         t_start = time.perf_counter()
@@ -1765,6 +1777,9 @@ class ChunkedIndex:
 
     def _learn_rates(self, batch: "_Batch") -> None:
         """Updates the rates the planner uses from what the batch measured (:meth:`_learn`)."""
+        if batch.points:
+            for name in self._rate_age:
+                self._rate_age[name] += 1
         # The CPU's rate: from its calls of at least RATE_QUEUE queries (a smaller call's time is mostly
         # the call's own work, and the rate learned from one starved the CPU of the next batches).
         looked = sum(n for n, _ in batch.cpu_calls if n >= RATE_QUEUE)
