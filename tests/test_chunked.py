@@ -665,7 +665,8 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
 
 def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     """A rate so low that no plan uses its way is never measured by the batches: after RATE_STALE point batches
-    without a measurement, a point batch calibrates it again."""
+    without a measurement, a point batch with a queue big enough to time lookups rather than a call calibrates it
+    again."""
     from torch_rtindex.chunked import RATE_STALE
     keys = int64_keys("uniform", 20000, gen)
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
@@ -679,7 +680,11 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
         assert index.stats()["last_batch"]["queries_in_place"] == 0 and index._in_place_rate == 1.0, i
-    index.lookup(q)
+    index.lookup(q)  # stale, but its queues (about 800) are too small to replace a point batch's rate
+    assert index._in_place_rate == 1.0
+    big = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k
+    got, ref = index.lookup(big), CgRXIndex(keys).lookup(big)
+    assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     assert index._in_place_rate > 1.0 and index._rate_age["in_place"] <= 1
 
 

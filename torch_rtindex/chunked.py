@@ -1172,7 +1172,7 @@ class ChunkedIndex:
         copied into the (still empty) cache; where the GPU may read chunks in place, the same slice answered so."""
         t = max(tasks, key=lambda t: t.size)
         points = batch.points
-        if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= 512:
+        if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
             # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from
             # the caches, not over PCIe.
             warm = min(t.size // 8, 256)
@@ -1184,7 +1184,7 @@ class ChunkedIndex:
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
             self._learn("in_place", part.size / max(seconds, 1e-9), points, replace=True)
             self._calibrated.add(("in_place", points))
-        if self._uncalibrated("cpu", points) and t.size >= 256:
+        if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
             view = self._host_view(t.chunk)
             qlo, qhi = batch.queue(part, torch.device("cpu"), self)
@@ -1217,6 +1217,11 @@ class ChunkedIndex:
         points = points or name == "copy"
         have = self._measured[name] in ("points", True) if points else bool(self._measured[name])
         return not have and (name, points) not in self._calibrated
+
+    def _slice_min(self, name: str, least: int) -> int:
+        """The largest queue a calibration of ``name`` needs: ``least`` for a rate still a guess or not measured on
+        point lookups; a stale point rate is replaced only by a slice whose time is its lookups' (RATE_QUEUE)."""
+        return least + RATE_QUEUE if self._measured[name] in ("points", True) else least
 
     def _learn(self, name: str, value: float, points: bool, replace: bool = False) -> None:
         """One measurement of rate ``name`` (``queue``: Rates.queue_s) from a point batch or another: averaged in
