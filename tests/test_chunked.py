@@ -20,7 +20,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import HOT_CANDIDATE_BYTES, ChunkCache, Rates, _align, _Chunk, _Scheduler, _Task, plan
+from torch_rtindex.chunked import CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, ChunkCache, Rates, _align, _Chunk, _Scheduler, _Task, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -108,7 +108,7 @@ def test_both_processors_share_a_batch(gen):
     for _ in range(3):
         # as fast as each other: the planner gives both processors a share
         index._cpu_rate = index._copy_rate = index._gpu_rate = 1e6
-        index._queue_s = 0.0
+        index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
         index._measured = dict.fromkeys(index._measured, True)
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
@@ -174,7 +174,8 @@ def test_budgets(gen):
     index.lookup(q)
     index.reset_stats()
     index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
-    index._gpu_rate, index._queue_s, index._measured = 1e15, 0.0, dict.fromkeys(index._measured, True)
+    index._gpu_rate, index._measured = 1e15, dict.fromkeys(index._measured, True)
+    index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
     index.lookup(q)
     s = index.stats()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -507,9 +508,12 @@ def test_plan_assigns_by_projected_finish():
 def test_plan_is_a_near_optimal_makespan_and_never_gives_the_cpu_a_later_finish():
     rng = random.Random(3)
     for trial in range(200):
-        # every other trial with the GPU's third way, reading a queue's chunk in place
+        # every other trial with the GPU's third way, reading a queue's chunk in place; every third with fixed
+        # times per queue
+        fixed = [rng.uniform(0, 2) if trial % 3 == 0 else 0.0 for _ in range(3)]
         rates = Rates(cpu=rng.uniform(0.5, 5), copy=256.0 * rng.uniform(0.5, 5), gpu=rng.uniform(5, 100),
-                      in_place=rng.uniform(0.5, 20) if trial % 2 else 0.0)
+                      in_place=rng.uniform(0.5, 20) if trial % 2 else 0.0, cpu_call_s=fixed[0],
+                      gpu_queue_s=fixed[1], in_place_queue_s=fixed[2])
         tasks = [_task(rng.randint(1, 40), rng.random() < 0.3, True, 256 * rng.randint(1, 8)) for _ in range(7)]
         g, p = plan(tasks, rates)
         assert sorted(map(id, g + p)) == sorted(map(id, tasks))
@@ -552,60 +556,73 @@ def test_plan_reads_queues_in_place_that_cannot_pay_for_a_copy():
     assert _makespan(g, p, with_) < 0.25 * _makespan(*plan(tasks, without), without)
 
 
-def test_small_queues_set_the_least_queue_time_not_the_rate(gen):
-    """A GPU queue of a few lookups takes the feeder's host time, not lookups' time: small queues' times teach the
-    planner that floor (Rates.queue_s), and only queues of at least RATE_QUEUE lookups teach it the rates. (A rate
-    learned from tiny queues once priced in-place reads out of every later batch.)"""
+def test_rates_are_fitted_with_a_fixed_time_per_queue(gen):
+    """A queue's or call's time is a fixed part plus its lookups at the rate: lookups over seconds of a batch of
+    tiny queues is mostly the fixed part (such a rate, 45 M/s from queues of 2.7 k, once priced in-place reads out
+    of every later batch; 7.5 M/s from a 21.7 k-query CPU batch starved the CPU). The fit keeps the two apart."""
     from types import SimpleNamespace
-    from torch_rtindex.chunked import RATE_QUEUE, SMALL_QUEUE
+
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
 
-    def batch(in_place=(), gpu=(), cpu=()):
-        return SimpleNamespace(points=True, cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
+    def batch(in_place=(), gpu=(), cpu=(), points=True):
+        return SimpleNamespace(points=points, cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
                                in_place_lookups=[(None, s, n) for n, s in in_place],
                                gpu_lookups=[(None, s, n) for n, s in gpu])
 
-    index._in_place_rate, index._measured["in_place"] = 1e8, "points"
-    index._learn_rates(batch(in_place=[(100, 60e-6)] * 5 + [(SMALL_QUEUE, 80e-6)]))  # tiny queues only
-    assert index._in_place_rate == 1e8 and index.stats()["queue_s"] == 60e-6
-    index._learn_rates(batch(in_place=[(RATE_QUEUE, RATE_QUEUE / 2e8), (3 * RATE_QUEUE, 3 * RATE_QUEUE / 2e8)],
-                             gpu=[(10, 20e-6)] * 3))
-    assert index._in_place_rate == pytest.approx(1.5e8) and index.stats()["queue_s"] == pytest.approx(40e-6)
-    assert index.stats()["in_place_rate"] == pytest.approx(1.5e8)
-    index._cpu_rate, index._measured["cpu"] = 3e7, "points"
-    index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3)]))  # one small call: 7 M/s, mostly the call's own time
-    assert index._cpu_rate == 3e7
-    index._learn_rates(batch(cpu=[(RATE_QUEUE - 1, 3e-3), (RATE_QUEUE, RATE_QUEUE / 5e7)]))
-    assert index._cpu_rate == pytest.approx(4e7)
-    # Rates are for point lookups: a CSR or range batch (like warm()'s row fetch) measures one only until a point
-    # batch has, and the first point measurement replaces it.
-    other = batch(cpu=[(RATE_QUEUE, RATE_QUEUE / 1e6)])
-    other.points = False
-    index._learn_rates(other)
-    assert index._cpu_rate == pytest.approx(4e7)
+    def queues(n, rate, fixed, k=55, spread=0.1):  # k queues around n lookups: fixed + n / rate seconds each
+        sizes = [int(n * (1 + spread * (2 * i / (k - 1) - 1))) for i in range(k)]
+        return [(m, fixed + m / rate) for m in sizes]
+
+    # The chunked_hot history: big in-place queues, then a batch of tiny ones, then big ones again.
+    index._learn_rates(batch(in_place=queues(250_000, 1.6e8, 40e-6)))
+    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.05)  # the fixed part is under 3% of these queues
+    index._learn_rates(batch(in_place=queues(2_700, 1.6e8, 40e-6)))
+    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.05)  # not 2.7 k / 57 us = 47 M/s
+    assert index._fixed_s["in_place"] == pytest.approx(40e-6, rel=0.1)
+    for _ in range(20):  # tiny queues only, for long: the sizes no longer vary, the rate stays
+        index._learn_rates(batch(in_place=queues(2_700, 1.6e8, 40e-6)))
+    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.1)
+    r = index.rates()
+    assert r.in_place_queue_s == pytest.approx(40e-6, rel=0.15) and index.stats()["in_place_rate"] == index._in_place_rate
+    # The CPU's calls likewise: big calls, then a batch of small ones, 0.7 ms each.
+    index._learn_rates(batch(cpu=queues(2_400_000, 4.5e7, 7e-4, k=4)))
+    index._learn_rates(batch(cpu=queues(7_000, 4.5e7, 7e-4, k=3, spread=0.5)))
+    assert index._cpu_rate == pytest.approx(4.5e7, rel=0.1) and index._fixed_s["cpu"] == pytest.approx(7e-4, rel=0.15)
+    # A pessimistic rate with only small calls to learn from rises to what they show (the old rule learned from
+    # 2^14+ queries alone and kept it).
+    index._cpu_rate, index._fixed_s["cpu"], index._measured["cpu"] = 2e6, 0.0, False
+    for _ in range(3):
+        index._learn_rates(batch(cpu=[(4000, 4000 / 7.8e6)] * 4))
+    assert index._cpu_rate == pytest.approx(7.8e6, rel=0.01)
+    # Rates are for point lookups: a CSR or range batch (like warm()'s row fetch) sets one only until a point
+    # batch has measured it; the first point batch starts the fit over.
+    index._learn_rates(batch(cpu=[(40000, 40000 / 1e6)], points=False))
+    assert index._cpu_rate == pytest.approx(7.8e6, rel=0.01)
     index._measured["cpu"] = False
-    index._learn_rates(other)
+    index._learn_rates(batch(cpu=[(40000, 40000 / 1e6)], points=False))
     assert index._cpu_rate == pytest.approx(1e6) and index._measured["cpu"] == "other"
     assert index._uncalibrated("cpu", True) and not index._uncalibrated("cpu", False)
-    index._learn_rates(batch(cpu=[(RATE_QUEUE, RATE_QUEUE / 5e7)]))
+    index._learn_rates(batch(cpu=[(40000, 40000 / 5e7)]))
     assert index._cpu_rate == pytest.approx(5e7) and not index._uncalibrated("cpu", True)
-    # The plan prices every GPU queue at no less than that floor: a queue of 10 lookups in place costs 1 ms, not
-    # 0.1 us, so the CPU (1 us a query: 10 us) takes it; a big one still goes in place.
-    rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, queue_s=1e-3)
+    # The plan prices the fixed parts: a queue of 10 lookups in place costs 1 ms, so the CPU (1 us a query) takes
+    # it; a big one still goes in place; grouped CPU queues share a call's fixed time.
+    rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, in_place_queue_s=1e-3, cpu_call_s=1e-3)
     tiny, big = _task(10, nbytes=1 << 20), _task(1 << 20, nbytes=1 << 20)
-    assert rates.gpu_s(tiny) == 1e-3 and rates.reads_in_place(tiny)  # a copy still costs more
-    assert rates.gpu_s(big) == pytest.approx((1 << 20) / 1e8)
+    assert rates.gpu_s(tiny) == pytest.approx(1e-3 + 1e-7) and rates.reads_in_place(tiny)  # a copy costs more
+    assert rates.gpu_s(big) == pytest.approx(1e-3 + (1 << 20) / 1e8)
+    tiny.grouped = True
+    assert rates.cpu_s(tiny) == pytest.approx(1e-5 + 1e-3 * 10 / CPU_GROUP_QUERIES)
     g, c = plan([tiny, big], rates)
     assert g == [big] and c == [tiny]
-    assert Rates(cpu=1e6, copy=1e3, gpu=1e9, queue_s=1e-3).gpu_s(_task(10, resident=True)) == 1e-3
+    assert Rates(cpu=1e6, copy=1e3, gpu=1e9, gpu_queue_s=1e-3).gpu_s(_task(10, resident=True)) == pytest.approx(1e-3 + 1e-8)
 
 
 def _fixed_rates(index, monkeypatch, **rates):
     """Pins the planner's rates (no calibration, no learning), so that a test knows which way each queue goes."""
     for name, value in rates.items():
         setattr(index, f"_{name}_rate", value)
-    index._queue_s = 0.0
+    index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
     index._measured = dict.fromkeys(index._measured, True)
     monkeypatch.setattr(index, "_learn_rates", lambda batch: None)
 

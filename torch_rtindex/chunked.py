@@ -36,11 +36,12 @@ the CPU never keeps a queue the GPU would end the batch sooner with. A chunk lar
 plan is handed out on demand (the paper's scheme): a processor that runs out of its own queues takes over the
 other's last one if it would finish it before the other got through its backlog. The rates are calibrated once on
 the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in, one
-read in place) and then measured on every batch (exponential averages). A GPU queue costs at least the feeder's time
-per queue (learned from small queues); rates come from queues and CPU calls of 2^14 queries or more, whose time is
-their lookups'. Rates are those of point lookups: a batch of another form sets one only until a point batch has
-measured it, and a point batch calibrates the CPU's or the in-place rate again when 16 point batches have not
-measured it (a rate that priced its way out of every plan). :meth:`ChunkedIndex.rates` shows them.
+read in place) and then measured on every batch. A queue (a CPU call) costs a fixed time plus its lookups at a
+rate, both fitted to the measured queues of recent batches (:class:`_CostFit`): lookups over seconds of tiny queues
+is mostly their fixed time, not a rate. The copy rate is an exponential average. Rates are those of point lookups:
+a batch of another form sets one only until a point batch has measured it, and a point batch calibrates the CPU's
+or the in-place rate again when 16 point batches have not measured it (a rate that priced its way out of every
+plan). :meth:`ChunkedIndex.rates` shows them.
 ``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at
 least that size.
 
@@ -150,10 +151,9 @@ SEARCH_SLACK = 1.25
 # The CPU worker answers small point queues in groups of about this many queries, one call over all cores (a
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
-# A GPU queue's time is the larger of its lookups' and the feeder's host work for it: the rates are learned from
-# queues (CPU: calls) of at least RATE_QUEUE lookups (a smaller one's time is mostly that work, and a rate learned
-# from it misled every later plan), the least time of a GPU queue (Rates.queue_s) from those under SMALL_QUEUE.
-RATE_QUEUE, SMALL_QUEUE = 1 << 14, 1 << 11
+# A stale rate (below) is calibrated again only on a slice of at least this many lookups: a smaller one's time is
+# mostly its fixed cost.
+RATE_QUEUE = 1 << 14
 # A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it:
 # a rate that prices its way out of every plan is never measured by the batches, right or wrong.
 RATE_STALE = 16
@@ -410,40 +410,82 @@ class _Task:
     fits: bool
     proc: str = ""
     result: tuple = ()
+    grouped: bool = False  # the CPU answers it in one call with others (ChunkedIndex._groups)
 
 
 @dataclass(frozen=True)
 class Rates:
     """What the planner assumes of the machine: CPU lookups/s (from the host copies), bytes/s copied into the
     cache, GPU lookups/s (from the cache) and GPU lookups/s reading a chunk in place in pinned host memory
-    (``in_place``; 0: not an option for this batch), and the least time any GPU queue takes (``queue_s``: the
-    feeder's host work per queue, which small queues' lookups cannot hide)."""
+    (``in_place``; 0: not an option for this batch); and the fixed seconds of a CPU call (``cpu_call_s``), a GPU
+    queue served from the cache (``gpu_queue_s``) and one read in place (``in_place_queue_s``): a queue costs its
+    fixed time plus its lookups at the rate (grouped CPU queues share a call's)."""
 
     cpu: float
     copy: float
     gpu: float
     in_place: float = 0.0
-    queue_s: float = 0.0
+    cpu_call_s: float = 0.0
+    gpu_queue_s: float = 0.0
+    in_place_queue_s: float = 0.0
 
     def cpu_s(self, t: _Task) -> float:
-        return t.size / self.cpu
+        calls = min(1.0, t.size / CPU_GROUP_QUERIES) if t.grouped else 1.0
+        return t.size / self.cpu + calls * self.cpu_call_s
 
     def _copied_s(self, t: _Task) -> float:
         # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
         # slower of its two stages.
         copy = 0.0 if t.resident else _align(t.chunk.nbytes) / self.copy
-        return max(copy, t.size / self.gpu, self.queue_s)
+        return max(copy, self.gpu_queue_s + t.size / self.gpu)
 
     def _in_place_s(self, t: _Task) -> float:
-        return max(t.size / self.in_place, self.queue_s)
+        return self.in_place_queue_s + t.size / self.in_place
 
     def reads_in_place(self, t: _Task) -> bool:
         """Whether the GPU answers ``t`` reading its chunk where it is rather than copying it in: a queue too small
-        to pay for its chunk's copy (never a cached chunk's)."""
-        return self.in_place > 0 and not t.resident and self._in_place_s(t) < self._copied_s(t)
+        to pay for its chunk's copy (never a cached chunk's; on a tie, in place: a copy would evict)."""
+        return self.in_place > 0 and not t.resident and self._in_place_s(t) <= self._copied_s(t)
 
     def gpu_s(self, t: _Task) -> float:
         return self._in_place_s(t) if self.reads_in_place(t) else self._copied_s(t)
+
+
+class _CostFit:
+    """One way's time per queue or call, t = fixed + n / rate, fitted to (n lookups, t seconds) samples by least
+    squares; the sums halve every point batch (decay), so recent batches count most while sizes seen earlier still
+    anchor the slope. Where the sizes barely vary the two cannot be told apart: samples whose time is mostly the
+    fixed time (under twice it) then refine only the fixed time, the others only the rate."""
+
+    SPREAD = 0.25  # a two-parameter fit needs sizes whose deviation is at least this share of their mean
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.w = self.sn = self.st = self.snn = self.snt = 0.0
+
+    def decay(self) -> None:
+        self.w, self.sn, self.st, self.snn, self.snt = (0.5 * x for x in (self.w, self.sn, self.st, self.snn, self.snt))
+
+    def add(self, n: float, t: float) -> None:
+        if n > 0 and t > 0:
+            self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
+            self.snn, self.snt = self.snn + n * n, self.snt + n * t
+
+    def solve(self, fixed: float, rate: float) -> tuple[float, float]:
+        """(fixed seconds, lookups/s) from the samples, given the current ones."""
+        if self.w <= 0:
+            return fixed, rate
+        mn, mt = self.sn / self.w, self.st / self.w
+        var, cov = max(self.snn / self.w - mn * mn, 0.0), self.snt / self.w - mn * mt
+        if var > (self.SPREAD * mn) ** 2 and cov > 0:
+            slope = cov / var
+            fixed = min(max(mt - slope * mn, 0.0), 0.9 * mt)  # sizes' noise can tilt the line: keep both positive
+            return fixed, mn / (mt - fixed)
+        if mt >= 2 * fixed or rate <= 0:
+            return fixed, mn / (mt - fixed)
+        return max(mt - mn / rate, 0.0), rate
 
 
 def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
@@ -733,11 +775,13 @@ class ChunkedIndex:
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
         self._in_place_rate = 0.0  # lookups/s reading a chunk in place: measured before it is ever planned with
-        self._queue_s = 0.0  # seconds: the least a GPU queue takes (Rates.queue_s), measured on small queues
+        # Each way's fixed seconds per call or queue, fitted beside its rate (_CostFit; Rates' *_s fields).
+        self._fixed_s = {"cpu": 0.0, "gpu": 0.0, "in_place": 0.0}
+        self._fits = {name: _CostFit() for name in self._fixed_s}
         # Per rate: False (a guess), "other" (measured on CSR, range or aggregate batches) or "points" (on point
         # lookups, the workload the rates are for: a CSR or range query's rows cost more, so a rate from such a
         # batch, like warm()'s row fetch, serves only until a point batch measures it).
-        self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False, "queue": False}
+        self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
         self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
         self._rate_age = {"cpu": 0, "in_place": 0}  # point batches since a point batch measured the rate
         self.read_in_place: bool | None = None  # an attribute: see the class doc
@@ -1134,12 +1178,12 @@ class ChunkedIndex:
         return gpu, not gpu or self.processors == "auto"
 
     def rates(self) -> Rates:
-        """The rates the scheduler plans with now: calibrated on the first batch that uses both processors, then
-        measured on every batch (exponential averages). ``in_place`` is 0 where the GPU does not read queues'
-        chunks in place (:attr:`read_in_place`)."""
+        """The rates and fixed times the scheduler plans with now: calibrated on the first batch that uses both
+        processors, then fitted to the queues of every batch (module doc). ``in_place`` is 0 where the GPU does
+        not read queues' chunks in place (:attr:`read_in_place`)."""
         return Rates(self._cpu_rate, self._copy_rate, self._gpu_rate,
                      self._in_place_rate if self._in_place_on() and self._measured["in_place"] else 0.0,
-                     self._queue_s)
+                     self._fixed_s["cpu"], self._fixed_s["gpu"], self._fixed_s["in_place"])
 
     def _in_place_on(self) -> bool:
         """Whether the planner may have the GPU read a queue's chunk in place (``read_in_place``): only for the
@@ -1182,7 +1226,7 @@ class ChunkedIndex:
             part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
             qlo, qhi = batch.queue(part, self.device, self)
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
-            self._learn("in_place", part.size / max(seconds, 1e-9), points, replace=True)
+            self._learn("in_place", [(part.size, seconds)], points)
             self._calibrated.add(("in_place", points))
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
@@ -1190,7 +1234,7 @@ class ChunkedIndex:
             qlo, qhi = batch.queue(part, torch.device("cpu"), self)
             self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
             seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, torch.device("cpu")), torch.device("cpu"))
-            self._learn("cpu", part.size / max(seconds, 1e-9), points, replace=True)
+            self._learn("cpu", [(part.size, seconds)], points)
             self._calibrated.add(("cpu", points))
         cache = self._cache
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
@@ -1206,7 +1250,7 @@ class ChunkedIndex:
             self._count("bytes_calibration", size * (2 if self.device.type == "cuda" else 1))
             self._calibrated.add(("copy", True))  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
-                self._learn("copy", size / max(seconds, 1e-9), True, replace=True)
+                self._learn("copy", [(size, seconds)], True)
 
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
@@ -1223,18 +1267,30 @@ class ChunkedIndex:
         point lookups; a stale point rate is replaced only by a slice whose time is its lookups' (RATE_QUEUE)."""
         return least + RATE_QUEUE if self._measured[name] in ("points", True) else least
 
-    def _learn(self, name: str, value: float, points: bool, replace: bool = False) -> None:
-        """One measurement of rate ``name`` (``queue``: Rates.queue_s) from a point batch or another: averaged in
-        at half weight where the rate came from the same kind of batch, else (or with ``replace``: a calibration)
-        it replaces the rate, except that other batches never replace a point batch's (see ``_measured``). The
-        copy rate counts as a point one."""
+    def _learn(self, name: str, samples: list, points: bool) -> None:
+        """Measurements of way ``name``, (lookups or bytes, seconds) per queue or call, from a point batch or
+        another. The copy rate is an average (half weight per batch) of bytes over seconds; a lookup way's rate and
+        fixed time are fitted to its samples with those of earlier batches (:class:`_CostFit`), which start over
+        where the rate came from the other kind of batch. Other batches never change a point batch's rate (see
+        ``_measured``); the copy rate counts as a point one."""
         points = points or name == "copy"
         was = self._measured[name]
         if was in ("points", True) and not points:
             return
-        attr = "_queue_s" if name == "queue" else f"_{name}_rate"
-        same = not replace and (was == ("points" if points else "other") or (was is True and points))
-        setattr(self, attr, 0.5 * getattr(self, attr) + 0.5 * value if same else value)
+        same = was == ("points" if points else "other") or (was is True and points)
+        attr = f"_{name}_rate"
+        if name == "copy":
+            rate = sum(n for n, _ in samples) / max(sum(t for _, t in samples), 1e-9)
+            setattr(self, attr, 0.5 * getattr(self, attr) + 0.5 * rate if same else rate)
+        else:
+            fit = self._fits[name]
+            if not same:
+                fit.reset()
+            for n, t in samples:
+                fit.add(n, t)
+            fixed, rate = fit.solve(self._fixed_s[name] if same else 0.0, getattr(self, attr) if same else 0.0)
+            setattr(self, attr, rate)
+            self._fixed_s[name] = fixed
         self._measured[name] = "points" if points else "other"
         if points and name in self._rate_age:
             self._rate_age[name] = 0
@@ -1505,6 +1561,8 @@ class ChunkedIndex:
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
+        for t in tasks:
+            t.grouped = self._groups(batch, t)
         # The rates the calibration measures (the GPU's lookup rate comes from the batches alone).
         wanted = ("cpu", "copy", "in_place") if self._in_place_on() else ("cpu", "copy")
         if (tasks and gpu_on and cpu_on and self.critical_mass is None
@@ -1784,39 +1842,34 @@ class ChunkedIndex:
         """Updates the rates the planner uses from what the batch measured (:meth:`_learn`)."""
         if batch.points:
             for name in self._rate_age:
-                self._rate_age[name] += 1
-        # The CPU's rate: from its calls of at least RATE_QUEUE queries (a smaller call's time is mostly
-        # the call's own work, and the rate learned from one starved the CPU of the next batches).
-        looked = sum(n for n, _ in batch.cpu_calls if n >= RATE_QUEUE)
-        busy = sum(s for n, s in batch.cpu_calls if n >= RATE_QUEUE)
-        if looked and busy > 0:
-            self._learn("cpu", looked / busy, batch.points)
+                if name != "in_place" or self._in_place_on():  # off, it has no calibration to trigger
+                    self._rate_age[name] += 1
+            for fit in self._fits.values():
+                fit.decay()
+        # Lookups over seconds of small calls or queues is mostly their fixed cost: a rate taken so from a batch of
+        # tiny queues once priced in-place reads (and the CPU) out of every later batch. Hence the fit of a fixed
+        # time per call or queue beside each rate.
+        if batch.cpu_calls:
+            self._learn("cpu", batch.cpu_calls, batch.points)
         copied, seconds = batch.cpu_copy_bytes, batch.cpu_copy_time
         for start, end, nbytes in batch.copies:
             end.synchronize()
             copied += nbytes
             seconds += start.elapsed_time(end) / 1e3
         if copied >= 1 << 20 and seconds > 0:
-            self._learn("copy", copied / seconds, True)
+            self._learn("copy", [(copied, seconds)], True)
         self._stats["time_s"]["copy"] += seconds
         # A zero_copy batch reads every queue in place, of every size: not the small queues the planner's rate
         # is for.
         learned = [(batch.gpu_lookups, "gpu")] + ([] if self.processors == "zero_copy" else
                                                   [(batch.in_place_lookups, "in_place")])
-        small = []
         for timed, name in learned:
-            queues = [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed]
-            small += [s for n, s in queues if n < SMALL_QUEUE]
-            looked = sum(n for n, _ in queues if n >= RATE_QUEUE)
-            busy = sum(s for n, s in queues if n >= RATE_QUEUE)
-            if looked and busy > 0:
-                self._learn(name, looked / busy, batch.points)
-        if small:
-            self._learn("queue", sorted(small)[len(small) // 2], batch.points)  # the median: one stalled queue says little
+            if timed:
+                self._learn(name, [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed], batch.points)
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
         self._stats["gpu_rate"] = self._gpu_rate
         self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
-        self._stats["queue_s"] = self._queue_s if self._measured["queue"] else None
+        self._stats["fixed_s"] = dict(self._fixed_s)
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
@@ -2207,7 +2260,7 @@ class ChunkedIndex:
             "bytes_calibration": 0, "disk_loads": 0, "bytes_loaded": 0, "chunks_updated_in_place": 0,
             "chunks_rebuilt": 0,
             "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
-            "in_place_rate": None, "queue_s": None,
+            "in_place_rate": None, "fixed_s": None,
             "plan": None,
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
                        "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
