@@ -304,7 +304,7 @@ def main() -> None:
                     "all_times_cover_copies": all(r["time_covers_copies"] for r in per_batch),
                     "hot_keys": st["hot_keys"], "hot_pairs": st["hot_pairs"], "hot_rebuilds_total": st["hot_rebuilds"],
                     "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"], "gpu_rate": st["gpu_rate"],
-                    "in_place_rate": st["in_place_rate"], "gpu_memory": index.memory(),
+                    "in_place_rate": st["in_place_rate"], "fixed_s": st["fixed_s"], "gpu_memory": index.memory(),
                     "per_batch": per_batch,
                 }
                 result["runs"].append(run)

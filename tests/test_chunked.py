@@ -587,8 +587,19 @@ def test_rates_are_fitted_with_a_fixed_time_per_queue(gen):
     assert r.in_place_queue_s == pytest.approx(40e-6, rel=0.15) and index.stats()["in_place_rate"] == index._in_place_rate
     # The CPU's calls likewise: big calls, then a batch of small ones, 0.7 ms each.
     index._learn_rates(batch(cpu=queues(2_400_000, 4.5e7, 7e-4, k=4)))
-    index._learn_rates(batch(cpu=queues(7_000, 4.5e7, 7e-4, k=3, spread=0.5)))
-    assert index._cpu_rate == pytest.approx(4.5e7, rel=0.1) and index._fixed_s["cpu"] == pytest.approx(7e-4, rel=0.15)
+    for _ in range(30):  # calls whose time is 94% the fixed part, for long
+        index._learn_rates(batch(cpu=queues(2_700, 4.5e7, 7e-4, k=3, spread=0.5)))
+    assert index._cpu_rate == pytest.approx(4.5e7, rel=0.02) and index._fixed_s["cpu"] == pytest.approx(7e-4, rel=0.02)
+    # Batches without a way's samples leave its history as it is: one slow queue later moves it, not resets it.
+    index._learn_rates(batch(gpu=queues(100_000, 1e9, 4e-5, spread=0.5)))
+    for _ in range(12):
+        index._learn_rates(batch())
+    index._learn_rates(batch(gpu=[(100_000, 2 * (4e-5 + 1e-4))]))
+    assert index._gpu_rate > 0.8e9
+    # A clock too coarse for a sample (0 s) changes nothing, rather than setting a rate of 0.
+    rates = index.rates()
+    index._learn_rates(batch(cpu=[(4096, 0.0)], gpu=[(4096, 0.0)], in_place=[(4096, 0.0)]))
+    assert index.rates() == rates
     # A pessimistic rate with only small calls to learn from rises to what they show (the old rule learned from
     # 2^14+ queries alone and kept it).
     index._cpu_rate, index._fixed_s["cpu"], index._measured["cpu"] = 2e6, 0.0, False

@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import shutil
 import threading
@@ -453,9 +454,10 @@ class Rates:
 
 class _CostFit:
     """One way's time per queue or call, t = fixed + n / rate, fitted to (n lookups, t seconds) samples by least
-    squares; the sums halve every point batch (decay), so recent batches count most while sizes seen earlier still
-    anchor the slope. Where the sizes barely vary the two cannot be told apart: samples whose time is mostly the
-    fixed time (under twice it) then refine only the fixed time, the others only the rate."""
+    squares; the sums halve with every batch that brings the way samples (decay), so recent batches count most
+    while sizes seen earlier still anchor the slope. Where the sizes barely vary the two cannot be told apart:
+    samples whose time is mostly the fixed time (under twice it) then refine only the fixed time, the others only
+    the rate. Calibrations time two sizes, so a fit starts with both."""
 
     SPREAD = 0.25  # a two-parameter fit needs sizes whose deviation is at least this share of their mean
 
@@ -468,23 +470,26 @@ class _CostFit:
     def decay(self) -> None:
         self.w, self.sn, self.st, self.snn, self.snt = (0.5 * x for x in (self.w, self.sn, self.st, self.snn, self.snt))
 
-    def add(self, n: float, t: float) -> None:
-        if n > 0 and t > 0:
-            self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
-            self.snn, self.snt = self.snn + n * n, self.snt + n * t
+    def add(self, n: float, t: float) -> bool:
+        """Adds a sample; False (ignored) for one without lookups or time."""
+        if not (n > 0 and t > 0 and math.isfinite(t)):
+            return False
+        self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
+        self.snn, self.snt = self.snn + n * n, self.snt + n * t
+        return True
 
     def solve(self, fixed: float, rate: float) -> tuple[float, float]:
-        """(fixed seconds, lookups/s) from the samples, given the current ones."""
-        if self.w <= 0:
+        """(fixed seconds, lookups/s) from the samples, given the current ones (rate 0: none yet)."""
+        if self.w <= 0 or self.st <= 0:
             return fixed, rate
         mn, mt = self.sn / self.w, self.st / self.w
         var, cov = max(self.snn / self.w - mn * mn, 0.0), self.snt / self.w - mn * mt
         if var > (self.SPREAD * mn) ** 2 and cov > 0:
-            slope = cov / var
-            fixed = min(max(mt - slope * mn, 0.0), 0.9 * mt)  # sizes' noise can tilt the line: keep both positive
-            return fixed, mn / (mt - fixed)
+            slope = cov / var  # > 0, so mt - slope * mn < mt
+            fixed = mt - slope * mn
+            return (fixed, 1 / slope) if fixed >= 0 else (0.0, mn / mt)
         if mt >= 2 * fixed or rate <= 0:
-            return fixed, mn / (mt - fixed)
+            return fixed, mn / (mt - fixed)  # mt - fixed >= mt / 2 > 0
         return max(mt - mn / rate, 0.0), rate
 
 
@@ -1223,18 +1228,25 @@ class ChunkedIndex:
             view = self._in_place_view(t.chunk)
             qlo, qhi = batch.queue(_Task(t.chunk, t.start, warm, False, t.fits), self.device, self)
             self._answer(view, batch, qlo, qhi, self.device)
-            part = _Task(t.chunk, t.start + warm, min(t.size - warm, 1 << 15), False, t.fits)
-            qlo, qhi = batch.queue(part, self.device, self)
-            seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)
-            self._learn("in_place", [(part.size, seconds)], points)
+            # Two sizes, so that the fit starts with a fixed time and a rate (module doc); queries read once each.
+            big = min((t.size - warm) * 8 // 9, 1 << 15)
+            samples = []
+            for start, size in ((t.start + warm, big), (t.start + warm + big, max(1, big // 8))):
+                qlo, qhi = batch.queue(_Task(t.chunk, start, size, False, t.fits), self.device, self)
+                samples.append((size, _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)))
+            self._learn("in_place", samples, points, reset=True)
             self._calibrated.add(("in_place", points))
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
+            cpu = torch.device("cpu")
             part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
             view = self._host_view(t.chunk)
-            qlo, qhi = batch.queue(part, torch.device("cpu"), self)
-            self._answer(view, batch, qlo, qhi, torch.device("cpu"))  # warm: first calls pay one-time costs
-            seconds = _seconds(lambda: self._answer(view, batch, qlo, qhi, torch.device("cpu")), torch.device("cpu"))
-            self._learn("cpu", [(part.size, seconds)], points)
+            qlo, qhi = batch.queue(part, cpu, self)
+            self._answer(view, batch, qlo, qhi, cpu)  # warm: first calls pay one-time costs
+            samples = []
+            for size in (part.size, max(1, part.size // 8)):  # two sizes, as above
+                lo, hi = qlo[:size], None if qhi is None else qhi[:size]
+                samples.append((size, _seconds(lambda: self._answer(view, batch, lo, hi, cpu), cpu)))
+            self._learn("cpu", samples, points, reset=True)
             self._calibrated.add(("cpu", points))
         cache = self._cache
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
@@ -1267,24 +1279,30 @@ class ChunkedIndex:
         point lookups; a stale point rate is replaced only by a slice whose time is its lookups' (RATE_QUEUE)."""
         return least + RATE_QUEUE if self._measured[name] in ("points", True) else least
 
-    def _learn(self, name: str, samples: list, points: bool) -> None:
+    def _learn(self, name: str, samples: list, points: bool, reset: bool = False) -> None:
         """Measurements of way ``name``, (lookups or bytes, seconds) per queue or call, from a point batch or
         another. The copy rate is an average (half weight per batch) of bytes over seconds; a lookup way's rate and
         fixed time are fitted to its samples with those of earlier batches (:class:`_CostFit`), which start over
-        where the rate came from the other kind of batch. Other batches never change a point batch's rate (see
-        ``_measured``); the copy rate counts as a point one."""
+        where the rate came from the other kind of batch, or with ``reset`` (a calibration). Other batches never
+        change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples without time
+        (a clock too coarse) change nothing."""
         points = points or name == "copy"
         was = self._measured[name]
         if was in ("points", True) and not points:
             return
-        same = was == ("points" if points else "other") or (was is True and points)
+        samples = [(n, t) for n, t in samples if n > 0 and t > 0 and math.isfinite(t)]
+        if not samples:
+            return
+        same = not reset and (was == ("points" if points else "other") or (was is True and points))
         attr = f"_{name}_rate"
         if name == "copy":
-            rate = sum(n for n, _ in samples) / max(sum(t for _, t in samples), 1e-9)
+            rate = sum(n for n, _ in samples) / sum(t for _, t in samples)
             setattr(self, attr, 0.5 * getattr(self, attr) + 0.5 * rate if same else rate)
         else:
             fit = self._fits[name]
-            if not same:
+            if same:
+                fit.decay()
+            else:
                 fit.reset()
             for n, t in samples:
                 fit.add(n, t)
@@ -1844,8 +1862,6 @@ class ChunkedIndex:
             for name in self._rate_age:
                 if name != "in_place" or self._in_place_on():  # off, it has no calibration to trigger
                     self._rate_age[name] += 1
-            for fit in self._fits.values():
-                fit.decay()
         # Lookups over seconds of small calls or queues is mostly their fixed cost: a rate taken so from a batch of
         # tiny queues once priced in-place reads (and the CPU) out of every later batch. Hence the fit of a fixed
         # time per call or queue beside each rate.
@@ -1869,7 +1885,7 @@ class ChunkedIndex:
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
         self._stats["gpu_rate"] = self._gpu_rate
         self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
-        self._stats["fixed_s"] = dict(self._fixed_s)
+        self._stats["fixed_s"] = {k: v if self._measured[k] else None for k, v in self._fixed_s.items()}
 
     # ------------------------------------------------------------------------------------------------ updates
     def _side(self, keys, rows, what: str):
