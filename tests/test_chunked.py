@@ -5,6 +5,7 @@ save / open with lazy, checked chunk files; faults that must leave the index unc
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -627,6 +628,28 @@ def test_rates_are_fitted_with_a_fixed_time_per_queue(gen):
     g, c = plan([tiny, big], rates)
     assert g == [big] and c == [tiny]
     assert Rates(cpu=1e6, copy=1e3, gpu=1e9, gpu_queue_s=1e-3).gpu_s(_task(10, resident=True)) == pytest.approx(1e-3 + 1e-8)
+
+
+def test_cost_fit_stays_finite_and_positive():
+    """_CostFit over random sample streams (sizes from 1 to 2^27, noisy times, repeats, lone samples, some without
+    time): every solve gives a finite positive rate and a finite fixed time of at least 0."""
+    from torch_rtindex.chunked import _CostFit
+
+    rng = random.Random(11)
+    for trial in range(300):
+        fit, fixed, rate = _CostFit(), 0.0, 0.0
+        true_fixed, true_rate = rng.choice([0.0, 1e-5, 7e-4]), rng.choice([1e6, 1.6e8, 1e10])
+        for _ in range(rng.randint(1, 12)):
+            fit.decay()
+            same = rng.random() < 0.3
+            base = rng.choice([1, 100, 2700, 250_000, 1 << 27])
+            for _ in range(rng.randint(1, 6)):
+                n = base if same else max(1, int(base * rng.uniform(0.5, 1.5)))
+                t = 0.0 if rng.random() < 0.05 else (true_fixed + n / true_rate) * rng.uniform(0.7, 1.3)
+                fit.add(n, t)
+            fixed, rate = fit.solve(fixed, rate)
+            if fit.w > 0:
+                assert math.isfinite(rate) and rate > 0 and math.isfinite(fixed) and fixed >= 0, trial
 
 
 def _fixed_rates(index, monkeypatch, **rates):
