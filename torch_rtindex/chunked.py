@@ -420,7 +420,8 @@ class Rates:
     cache, GPU lookups/s (from the cache) and GPU lookups/s reading a chunk in place in pinned host memory
     (``in_place``; 0: not an option for this batch); and the fixed seconds of a CPU call (``cpu_call_s``), a GPU
     queue served from the cache (``gpu_queue_s``) and one read in place (``in_place_queue_s``): a queue costs its
-    fixed time plus its lookups at the rate (grouped CPU queues share a call's)."""
+    fixed time plus its lookups at the rate; the CPU's grouped queues pay a call per CPU_GROUP_QUERIES of them,
+    whole calls (:meth:`cpu_end`)."""
 
     cpu: float
     copy: float
@@ -431,8 +432,21 @@ class Rates:
     in_place_queue_s: float = 0.0
 
     def cpu_s(self, t: _Task) -> float:
+        """``t``'s CPU seconds alone (a grouped queue: its share of a call's fixed time)."""
         calls = min(1.0, t.size / CPU_GROUP_QUERIES) if t.grouped else 1.0
         return t.size / self.cpu + calls * self.cpu_call_s
+
+    def cpu_part(self, t: _Task) -> tuple[float, int]:
+        """``t``'s CPU seconds but a grouped queue's call, and its queries that join a group (for cpu_finish)."""
+        return t.size / self.cpu + (0.0 if t.grouped else self.cpu_call_s), t.size if t.grouped else 0
+
+    def cpu_finish(self, seconds: float, grouped: int) -> float:
+        """The CPU's finish with ``seconds`` of cpu_part and ``grouped`` queries in groups: whole calls each."""
+        return seconds + self.cpu_call_s * math.ceil(grouped / CPU_GROUP_QUERIES)
+
+    def cpu_end(self, tasks: list[_Task]) -> float:
+        parts = [self.cpu_part(t) for t in tasks]
+        return self.cpu_finish(sum(p[0] for p in parts), sum(p[1] for p in parts))
 
     def _copied_s(self, t: _Task) -> float:
         # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
@@ -496,38 +510,47 @@ class _CostFit:
 def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
     """The greedy makespan balance of :func:`plan`, then single moves from the processor that ends last to the
     other while a move ends the batch earlier (the greedy order can leave one)."""
-    g_end, c_end = 0.0, sum(rates.cpu_s(t) for t in forced)
+    # The CPU's load as (seconds, grouped queries): its finish counts whole calls of grouped queries (Rates).
     on_gpu: list[_Task] = []
     on_cpu = list(forced)
+    g_end, c_sec, c_grp = 0.0, sum(rates.cpu_part(t)[0] for t in forced), sum(rates.cpu_part(t)[1] for t in forced)
+    c_end = rates.cpu_finish(c_sec, c_grp)
+
+    def cpu_with(t: _Task, sign: int) -> tuple[float, int, float]:
+        sec, grp = rates.cpu_part(t)
+        sec, grp = c_sec + sign * sec, c_grp + sign * grp
+        return sec, grp, rates.cpu_finish(sec, grp)
 
     def edge(t: _Task) -> float:
         g = rates.gpu_s(t)
         return rates.cpu_s(t) / g if g > 0 else float("inf")
 
     for t in sorted(free, key=lambda t: (-edge(t), -t.size)):
-        g, c = g_end + rates.gpu_s(t), c_end + rates.cpu_s(t)
+        g, (sec, grp, c) = g_end + rates.gpu_s(t), cpu_with(t, 1)
         if c < g:
             on_cpu.append(t)
-            c_end = c
+            c_sec, c_grp, c_end = sec, grp, c
         else:
             on_gpu.append(t)
             g_end = g
     for _ in range(len(free)):
         if c_end > g_end:
-            moves = [(max(g_end + rates.gpu_s(t), c_end - rates.cpu_s(t)), i) for i, t in enumerate(on_cpu) if t.fits]
+            moves = [(max(g_end + rates.gpu_s(t), cpu_with(t, -1)[2]), i) for i, t in enumerate(on_cpu) if t.fits]
         else:
-            moves = [(max(g_end - rates.gpu_s(t), c_end + rates.cpu_s(t)), i) for i, t in enumerate(on_gpu)]
+            moves = [(max(g_end - rates.gpu_s(t), cpu_with(t, 1)[2]), i) for i, t in enumerate(on_gpu)]
         if not moves or min(moves)[0] >= max(g_end, c_end):
             break
         _, i = min(moves)
         if c_end > g_end:
             t = on_cpu.pop(i)
             on_gpu.append(t)
-            g_end, c_end = g_end + rates.gpu_s(t), c_end - rates.cpu_s(t)
+            g_end = g_end + rates.gpu_s(t)
+            c_sec, c_grp, c_end = cpu_with(t, -1)
         else:
             t = on_gpu.pop(i)
             on_cpu.append(t)
-            g_end, c_end = g_end - rates.gpu_s(t), c_end + rates.cpu_s(t)
+            g_end = g_end - rates.gpu_s(t)
+            c_sec, c_grp, c_end = cpu_with(t, 1)
     return on_gpu, on_cpu
 
 
