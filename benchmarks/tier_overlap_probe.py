@@ -1,0 +1,125 @@
+"""Whether overlapping a batch's tier pass with the serving of its misses pays (issue 12's Zipf 1.2 target): the
+batch in slices, every slice's tier lookups queued at once on a side stream, each slice's misses served through the
+chunks (CPU and GPU, the library's planner) while the side stream goes on with the next slices. The library's own
+batch (tier pass, then all misses) alongside; the same fresh batches for every variant, answers compared. Built on
+the index's internals: a probe of the design, not a feature.
+
+    python benchmarks/tier_overlap_probe.py [--log-keys 30] [--log-lookups 27] [--slices 1,2,4,8]
+    python benchmarks/tier_overlap_probe.py --device cpu --log-keys 16 --log-lookups 14 --hot-keys 4096 --chunk-mib 0.0625
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from chunked_bench import GcTimer, make_keys, rank_positions, zipf_positions  # noqa: E402
+
+from torch_rtindex import ChunkedIndex  # noqa: E402
+from torch_rtindex.chunked import _Batch  # noqa: E402
+
+
+def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(first row, count, seconds of the first slice's tier pass) with the batch in k slices."""
+    qlo, _ = index._check_queries(q, None)
+    D, n = qlo.device, qlo.numel()
+    view = index._tier_view(D)
+    cuda = D.type == "cuda"
+    cur = torch.cuda.current_stream(D) if cuda else None
+    side = torch.cuda.Stream(D) if cuda else None
+    bounds = [(n * i // k, n * (i + 1) // k) for i in range(k)]
+    t0 = time.perf_counter()
+    parts = []
+    if cuda:
+        side.wait_stream(cur)
+    with torch.cuda.stream(side) if cuda else _nullcontext():
+        for a, b in bounds:
+            _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
+            ev = None
+            if cuda:
+                ev = torch.cuda.Event()
+                ev.record(side)
+            parts.append((f, c, ev))
+    first = torch.empty(n, dtype=torch.int64, device=D)
+    count = torch.empty(n, dtype=torch.int64, device=D)
+    tier_first_s = None
+    for (a, b), (f, c, ev) in zip(bounds, parts):
+        if cuda:
+            cur.wait_event(ev)
+            f.record_stream(cur)
+            c.record_stream(cur)
+        miss = torch.nonzero(c == 0).reshape(-1)  # waits for this slice's tier pass only
+        if tier_first_s is None:
+            tier_first_s = time.perf_counter() - t0
+        if miss.numel():
+            rf, rc = index._serve("lookup", qlo[a:b].index_select(0, miss), None, None, D)
+            f.index_copy_(0, miss, rf)
+            c.index_copy_(0, miss, rc)
+        first[a:b] = f
+        count[a:b] = c
+    return first, count, tier_first_s
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--log-keys", type=int, default=30)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--zipf", type=float, default=1.2)
+    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    ap.add_argument("--slices", default="1,2,4,8", help="slice counts, comma separated (1: one tier pass, then serve)")
+    ap.add_argument("--batches", type=int, default=3)
+    ap.add_argument("--chunk-mib", type=float, default=256.0)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    n = 1 << a.log_keys
+    keys = make_keys(n, dev)
+    chunk_bytes = int(a.chunk_mib * (1 << 20))
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, chunk_bytes=chunk_bytes)
+    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
+    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
+                         chunk_bytes=chunk_bytes)
+    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity), n)).to(dev))
+    gen = torch.Generator().manual_seed(7)
+    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
+               for _ in range(a.batches)]
+    index.lookup(batches[0])  # calibration before any timing
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
+          f"Zipf {a.zipf}, 2^{a.log_lookups} lookups", flush=True)
+    gc_timer = GcTimer()
+    for variant in ["library"] + [int(x) for x in a.slices.split(",")]:
+        for i, q in enumerate(batches):
+            ref = index.lookup(q)
+            sync()
+            gc_timer.take()
+            t0 = time.perf_counter()
+            if variant == "library":
+                got = index.lookup(q)
+                first, count, tier_s = got.first_row, got.count, None
+            else:
+                first, count, tier_s = sliced_lookup(index, q, variant)
+            sync()
+            ms = (time.perf_counter() - t0) * 1e3
+            same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
+            tier = "" if tier_s is None else f"  first slice's tier pass {tier_s * 1e3:6.2f} ms"
+            print(f"{str(variant):>8} batch {i}: {ms:8.2f} ms  same {same}{tier}  gc {gc_timer.take()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
