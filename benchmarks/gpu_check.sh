@@ -19,6 +19,10 @@
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
 #   bash benchmarks/gpu_check.sh chunked_hot  # out of core, 2^30 keys, Zipf batches: a tier of 2^26 keys learned
 #                                           # against the same tier given the law's hottest keys (warm)
+#   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
+#                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
+#   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: eight batches with their stage
+#                                           # times, allocations and garbage collections (merge_probe.py)
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
@@ -107,6 +111,16 @@ case "${1:-}" in
         --hot-keys 67108864 --hot-given --modes chunked,hot_given --repeats 2 --train-batches 2 --out "$out"
       echo "rc=$?"; } 2>&1 | log "chunked_hot_$commit.log"
     ;;
+  overlap)
+    { header "out of core, the tier pass overlapped with the misses"
+      timeout 560 python3 benchmarks/tier_overlap_probe.py --slices 1,2,4,8
+      echo "rc=$?"; } 2>&1 | log "tier_overlap_$commit.log"
+    ;;
+  merge)
+    { header "out of core, merge stalls"
+      timeout 560 python3 benchmarks/merge_probe.py --batches 8 --profiled 0
+      echo "rc=$?"; } 2>&1 | log "merge_probe_$commit.log"
+    ;;
   updates)
     { header "out-of-core updates"
       python3 benchmarks/chunked_update_bench.py --log-keys 26 --chunk-mib 64 --log-batch 16 --out "$out"
@@ -146,7 +160,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|updates|sharded|scaling|bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|merge|updates|sharded|scaling|bound" >&2
     exit 2
     ;;
 esac
