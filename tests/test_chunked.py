@@ -526,6 +526,7 @@ def test_plan_is_a_near_optimal_makespan_and_never_gives_the_cpu_a_later_finish(
         best = min(_makespan([t for i, t in enumerate(tasks) if m >> i & 1], [t for i, t in enumerate(tasks) if not m >> i & 1], rates)
                    for m in range(1 << len(tasks)))
         got = _makespan(g, p, rates)
+        # Not a theorem (a greedy balance can be further off): a regression guard over these seeded cases.
         slack = max(min(rates.gpu_s(t), rates.cpu_s(t)) for t in tasks) + rates.cpu_call_s  # a call's step
         assert got <= best + slack + 1e-9, trial
         assert got <= min(_makespan(tasks, [], rates), _makespan([], tasks, rates)) + 1e-9
@@ -848,6 +849,25 @@ def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():
     assert s.claim("cpu") is c and s.claim("cpu") is None and s.tasks == []
     only = _Scheduler([_task(1), _task(5, fits=False)], gpu=True, cpu=False, rates=rates)
     assert only.claim("gpu").size == 1 and only.claim("gpu") is None and only.claim("cpu").size == 5
+
+
+def test_cpu_calls_are_priced_as_the_cpu_makes_them():
+    """Grouped CPU queues pay whole calls; a queue of CPU_GROUP_QUERIES or more is one call of its own; a queue the
+    idle CPU takes over is answered alone, a whole call (a share priced it at almost nothing)."""
+    G = CPU_GROUP_QUERIES
+    rates = Rates(cpu=1e8, copy=1e9, gpu=1e9, in_place=1.6e8, cpu_call_s=7e-4, in_place_queue_s=4e-5)
+    big = _task(26 * G)
+    big.grouped = True
+    assert rates.cpu_end([big]) == pytest.approx(26 * G / 1e8 + 7e-4)  # one call, not 26
+    small = [_task(300, nbytes=1 << 30) for _ in range(12)]
+    for t in small:
+        t.grouped = True
+    assert rates.cpu_end(small) == pytest.approx(3600 / 1e8 + 7e-4)  # one call for all twelve
+    g, c = plan(small, rates)
+    assert c == [] and len(g) == 12  # in place: 12 x 42 us, against a 0.7 ms call
+    s = _Scheduler(small, gpu=True, cpu=True, rates=rates)
+    assert s.claim("cpu") is None  # one queue alone costs the CPU a call, more than the GPU's whole backlog
+    assert [s.claim("gpu") for _ in range(12)] == small
 
 
 # ------------------------------------------------------------------------------------------------- updates

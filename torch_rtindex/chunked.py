@@ -437,11 +437,14 @@ class Rates:
         return t.size / self.cpu + calls * self.cpu_call_s
 
     def cpu_part(self, t: _Task) -> tuple[float, int]:
-        """``t``'s CPU seconds but a grouped queue's call, and its queries that join a group (for cpu_finish)."""
-        return t.size / self.cpu + (0.0 if t.grouped else self.cpu_call_s), t.size if t.grouped else 0
+        """``t``'s CPU seconds but a grouped queue's call, and its queries that join a group (for cpu_finish). A
+        queue of CPU_GROUP_QUERIES or more is answered alone, in one call."""
+        grouped = t.grouped and t.size < CPU_GROUP_QUERIES
+        return t.size / self.cpu + (0.0 if grouped else self.cpu_call_s), t.size if grouped else 0
 
     def cpu_finish(self, seconds: float, grouped: int) -> float:
-        """The CPU's finish with ``seconds`` of cpu_part and ``grouped`` queries in groups: whole calls each."""
+        """The CPU's finish with ``seconds`` of cpu_part and ``grouped`` queries in groups: whole calls each (an
+        upper bound: the CPU fills a call up to twice that, see ChunkedIndex._cpu_loop)."""
         return seconds + self.cpu_call_s * math.ceil(grouped / CPU_GROUP_QUERIES)
 
     def cpu_end(self, tasks: list[_Task]) -> float:
@@ -603,8 +606,9 @@ class _Scheduler:
         with self.lock:
             return {t.chunk: t.size for t in self.tasks}
 
-    def _cost(self, proc: str, t: _Task) -> float:
-        return self.rates.gpu_s(t) if proc == "gpu" else self.rates.cpu_s(t)
+    def _cost(self, proc: str, tasks: list[_Task]) -> float:
+        # A queue the CPU takes over is answered alone: a whole call (cpu_end), not a grouped share.
+        return sum(self.rates.gpu_s(t) for t in tasks) if proc == "gpu" else self.rates.cpu_end(tasks)
 
     def claim(self, proc: str) -> _Task | None:
         with self.lock:
@@ -617,8 +621,7 @@ class _Scheduler:
                 other = self.own[other_name]
                 cand = next((t for t in reversed(other) if proc == "cpu" or t.fits), None)
                 if cand is not None:
-                    backlog = sum(self._cost(other_name, t) for t in other)
-                    if self._cost(proc, cand) < backlog:
+                    if self._cost(proc, [cand]) < self._cost(other_name, other):
                         other.remove(cand)
                         best = cand
             if best is not None:
