@@ -78,6 +78,31 @@ class GcTimer:
         return out
 
 
+def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int) -> None:
+    """The options of the probes over a given hot tier (tier_probe)."""
+    ap.add_argument("--log-keys", type=int, default=30)
+    ap.add_argument("--log-lookups", type=int, default=27)
+    ap.add_argument("--zipf", type=float, default=zipf)
+    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    ap.add_argument("--batches", type=int, default=batches, help="fresh Zipf batches")
+
+
+def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[ChunkedIndex, list[torch.Tensor]]:
+    """The probes' setup: an index of 2^log_keys uniform keys with gpu_budget a quarter of its bytes, its tier given
+    the law's hottest keys, and the batches (Zipf over shuffled keys) on dev."""
+    n = 1 << a.log_keys
+    keys = make_keys(n, dev)
+    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, **index_kw)
+    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
+    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
+                         **index_kw)
+    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity), n)).to(dev))
+    gen = torch.Generator().manual_seed(7)
+    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
+               for _ in range(a.batches)]
+    return index, batches
+
+
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
     """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
     law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the

@@ -18,37 +18,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import make_keys, rank_positions, zipf_positions  # noqa: E402
+from chunked_bench import add_tier_probe_args, tier_probe  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 
 import torch_rtindex.chunked as chunked  # noqa: E402
-from torch_rtindex import ChunkedIndex  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--log-keys", type=int, default=30)
-    ap.add_argument("--log-lookups", type=int, default=27)
-    ap.add_argument("--zipf", type=float, default=1.2)
-    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    add_tier_probe_args(ap, zipf=1.2, batches=3)
     ap.add_argument("--variants", nargs="+", default=["queue", "16384", "32768", "65536", "0"],
                     help="IN_PLACE_WINDOW per variant ('queue': a launch per queue), each optionally with '+tN' "
                          "(N CPU threads), e.g. queue+t15")
-    ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--layout", default="packed_row", help="ChunkedIndex(layout=...)")
     ap.add_argument("--out-dir", default=None)
     a = ap.parse_args()
     dev = torch.device("cuda")
-    n = 1 << a.log_keys
-    keys = make_keys(n, dev)
-    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, layout=a.layout)
-    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
-    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
-                         layout=a.layout)
-    top = rank_positions(torch.arange(index.hot_capacity), n)
-    index.warm(keys.index_select(0, top).to(dev))
-    gen = torch.Generator().manual_seed(7)
-    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev) for _ in range(a.batches)]
+    index, batches = tier_probe(a, dev, layout=a.layout)
     index.lookup(batches[0])  # calibration and the in-place views (search parts copied) before any timing
     mem = index.memory()
     print(f"{torch.cuda.get_device_name()}: 2^{a.log_keys} keys, {a.layout}, {index.num_chunks} chunks, tier {mem['hot'] / 2**30:.2f} "

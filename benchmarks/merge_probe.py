@@ -16,32 +16,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, make_keys, rank_positions, zipf_positions  # noqa: E402
-
-from torch_rtindex import ChunkedIndex  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_probe  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--log-keys", type=int, default=30)
-    ap.add_argument("--log-lookups", type=int, default=27)
-    ap.add_argument("--zipf", type=float, default=0.99)
-    ap.add_argument("--hot-keys", type=int, default=1 << 26)
-    ap.add_argument("--batches", type=int, default=4)
+    add_tier_probe_args(ap, zipf=0.99, batches=4)
     ap.add_argument("--profiled", type=int, default=1)
     a = ap.parse_args()
     dev = torch.device("cuda")
-    n = 1 << a.log_keys
-    keys = make_keys(n, dev)
-    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0)
-    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
-    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False)
-    top = rank_positions(torch.arange(index.hot_capacity), n)
-    index.warm(keys.index_select(0, top).to(dev))
+    index, batches = tier_probe(a, dev)
     print(f"after warm: {index.rates()}", flush=True)
-    gen = torch.Generator().manual_seed(7)
-    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
-               for _ in range(a.batches)]
+
     def allocs():
         d = torch.cuda.memory_stats()
         h = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}

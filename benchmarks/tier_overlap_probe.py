@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, make_keys, rank_positions, zipf_positions  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_probe  # noqa: E402
 
 from torch_rtindex import ChunkedIndex  # noqa: E402
 from torch_rtindex.chunked import _Batch  # noqa: E402
@@ -77,28 +77,14 @@ class _nullcontext:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--log-keys", type=int, default=30)
-    ap.add_argument("--log-lookups", type=int, default=27)
-    ap.add_argument("--zipf", type=float, default=1.2)
-    ap.add_argument("--hot-keys", type=int, default=1 << 26)
+    add_tier_probe_args(ap, zipf=1.2, batches=3)
     ap.add_argument("--slices", default="1,2,4,8", help="slice counts, comma separated (1: one tier pass, then serve)")
-    ap.add_argument("--batches", type=int, default=3)
     ap.add_argument("--chunk-mib", type=float, default=256.0)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     dev = torch.device(a.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    n = 1 << a.log_keys
-    keys = make_keys(n, dev)
-    chunk_bytes = int(a.chunk_mib * (1 << 20))
-    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, chunk_bytes=chunk_bytes)
-    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
-    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
-                         chunk_bytes=chunk_bytes)
-    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity), n)).to(dev))
-    gen = torch.Generator().manual_seed(7)
-    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
-               for _ in range(a.batches)]
+    index, batches = tier_probe(a, dev, chunk_bytes=int(a.chunk_mib * (1 << 20)))
     index.lookup(batches[0])  # calibration before any timing
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
