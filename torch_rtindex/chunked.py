@@ -433,8 +433,8 @@ class Rates:
 
     def cpu_s(self, t: _Task) -> float:
         """``t``'s CPU seconds alone (a grouped queue: its share of a call's fixed time)."""
-        calls = min(1.0, t.size / CPU_GROUP_QUERIES) if t.grouped else 1.0
-        return t.size / self.cpu + calls * self.cpu_call_s
+        seconds, grouped = self.cpu_part(t)
+        return seconds + self.cpu_call_s * grouped / CPU_GROUP_QUERIES
 
     def cpu_part(self, t: _Task) -> tuple[float, int]:
         """``t``'s CPU seconds but a grouped queue's call, and its queries that join a group (for cpu_finish). A
@@ -447,9 +447,13 @@ class Rates:
         upper bound: the CPU fills a call up to twice that, see ChunkedIndex._cpu_loop)."""
         return seconds + self.cpu_call_s * math.ceil(grouped / CPU_GROUP_QUERIES)
 
-    def cpu_end(self, tasks: list[_Task]) -> float:
+    def cpu_load(self, tasks: list[_Task]) -> tuple[float, int]:
+        """``tasks``' cpu_part summed."""
         parts = [self.cpu_part(t) for t in tasks]
-        return self.cpu_finish(sum(p[0] for p in parts), sum(p[1] for p in parts))
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+    def cpu_end(self, tasks: list[_Task]) -> float:
+        return self.cpu_finish(*self.cpu_load(tasks))
 
     def _copied_s(self, t: _Task) -> float:
         # Copies overlap the previous queue's lookups (copy stream, double buffering): a queue costs the GPU the
@@ -516,7 +520,7 @@ def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list
     # The CPU's load as (seconds, grouped queries): its finish counts whole calls of grouped queries (Rates).
     on_gpu: list[_Task] = []
     on_cpu = list(forced)
-    g_end, c_sec, c_grp = 0.0, sum(rates.cpu_part(t)[0] for t in forced), sum(rates.cpu_part(t)[1] for t in forced)
+    g_end, (c_sec, c_grp) = 0.0, rates.cpu_load(forced)
     c_end = rates.cpu_finish(c_sec, c_grp)
 
     def cpu_with(t: _Task, sign: int) -> tuple[float, int, float]:
@@ -1242,9 +1246,9 @@ class ChunkedIndex:
         return max(1, int(mean / self._copy_rate * self._cpu_rate))
 
     def _calibrate(self, batch: "_Batch", tasks: list[_Task]) -> None:
-        """Measures the CPU lookup rate and the copy rate once, before the first batch is planned (guesses would
-        misplace a whole batch): a slice of the largest queue answered from its host copy, and a slice of its chunk
-        copied into the (still empty) cache; where the GPU may read chunks in place, the same slice answered so."""
+        """Measures the rates a batch needs and lacks (:meth:`_uncalibrated`) before it is planned (guesses would
+        misplace a whole batch): slices of two sizes of the largest queue answered from its host copy and, where the
+        GPU may read chunks in place, answered so; a slice of its chunk copied into the (still empty) cache."""
         t = max(tasks, key=lambda t: t.size)
         points = batch.points
         if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
@@ -1256,22 +1260,15 @@ class ChunkedIndex:
             self._answer(view, batch, qlo, qhi, self.device)
             # Two sizes, so that the fit starts with a fixed time and a rate (module doc); queries read once each.
             big = min((t.size - warm) * 8 // 9, 1 << 15)
-            samples = []
-            for start, size in ((t.start + warm, big), (t.start + warm + big, max(1, big // 8))):
-                qlo, qhi = batch.queue(_Task(t.chunk, start, size, False, t.fits), self.device, self)
-                samples.append((size, _seconds(lambda: self._answer(view, batch, qlo, qhi, self.device), self.device)))
+            samples = self._timed(view, batch, self.device, t, [(warm, big), (warm + big, max(1, big // 8))])
             self._learn("in_place", samples, points, reset=True)
             self._calibrated.add(("in_place", points))
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
             cpu = torch.device("cpu")
-            part = _Task(t.chunk, t.start, min(t.size, 1 << 15), False, t.fits)
+            size = min(t.size, 1 << 15)
             view = self._host_view(t.chunk)
-            qlo, qhi = batch.queue(part, cpu, self)
-            self._answer(view, batch, qlo, qhi, cpu)  # warm: first calls pay one-time costs
-            samples = []
-            for size in (part.size, max(1, part.size // 8)):  # two sizes, as above
-                lo, hi = qlo[:size], None if qhi is None else qhi[:size]
-                samples.append((size, _seconds(lambda: self._answer(view, batch, lo, hi, cpu), cpu)))
+            self._timed(view, batch, cpu, t, [(0, size)])  # warm: first calls pay one-time costs
+            samples = self._timed(view, batch, cpu, t, [(0, size), (0, max(1, size // 8))])  # two sizes, as above
             self._learn("cpu", samples, points, reset=True)
             self._calibrated.add(("cpu", points))
         cache = self._cache
@@ -1290,6 +1287,18 @@ class ChunkedIndex:
             if size >= 1 << 20:
                 self._learn("copy", [(size, seconds)], True)
 
+    def _timed(self, view: _View, batch: "_Batch", S: torch.device, t: _Task, slices: list) -> list:
+        """(queries, seconds) of answering each (offset, size) slice of queue ``t`` on S with ``view``."""
+        out = []
+        for offset, size in slices:
+            qlo, qhi = batch.queue(_Task(t.chunk, t.start + offset, size, False, t.fits), S, self)
+            out.append((size, _seconds(lambda: self._answer(view, batch, qlo, qhi, S), S)))
+        return out
+
+    def _by_points(self, name: str) -> bool:
+        """Whether a point batch measured rate ``name`` (True: set so by a test)."""
+        return self._measured[name] in ("points", True)
+
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
         (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
@@ -1297,13 +1306,13 @@ class ChunkedIndex:
         if points and self._rate_age.get(name, 0) >= RATE_STALE:
             return True
         points = points or name == "copy"
-        have = self._measured[name] in ("points", True) if points else bool(self._measured[name])
+        have = self._by_points(name) if points else bool(self._measured[name])
         return not have and (name, points) not in self._calibrated
 
     def _slice_min(self, name: str, least: int) -> int:
         """The largest queue a calibration of ``name`` needs: ``least`` for a rate still a guess or not measured on
         point lookups; a stale point rate is replaced only by a slice whose time is its lookups' (RATE_QUEUE)."""
-        return least + RATE_QUEUE if self._measured[name] in ("points", True) else least
+        return least + RATE_QUEUE if self._by_points(name) else least
 
     def _learn(self, name: str, samples: list, points: bool, reset: bool = False) -> None:
         """Measurements of way ``name``, (lookups or bytes, seconds) per queue or call, from a point batch or
@@ -1313,13 +1322,12 @@ class ChunkedIndex:
         change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples without time
         (a clock too coarse) change nothing."""
         points = points or name == "copy"
-        was = self._measured[name]
-        if was in ("points", True) and not points:
+        if self._by_points(name) and not points:
             return
         samples = [(n, t) for n, t in samples if n > 0 and t > 0 and math.isfinite(t)]
         if not samples:
             return
-        same = not reset and (was == ("points" if points else "other") or (was is True and points))
+        same = not reset and (self._by_points(name) if points else self._measured[name] == "other")
         attr = f"_{name}_rate"
         if name == "copy":
             rate = sum(n for n, _ in samples) / sum(t for _, t in samples)
@@ -1658,8 +1666,8 @@ class ChunkedIndex:
                 self._maybe_fault("cpu_task")
                 t0 = time.perf_counter()
                 group = [task]
-                if self._groups(batch, task):  # small point queues: several in one call over all cores
-                    group += sched.claim_more("cpu", lambda t: self._groups(batch, t), CPU_GROUP_QUERIES - task.size)
+                if task.grouped:  # small point queues: several in one call over all cores
+                    group += sched.claim_more("cpu", lambda t: t.grouped, CPU_GROUP_QUERIES - task.size)
                 if len(group) > 1:
                     self._answer_group([self._host_view(t.chunk) for t in group], group, batch, cpu)
                 else:
@@ -1697,9 +1705,8 @@ class ChunkedIndex:
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
                 group = [task]
-                if in_place and IN_PLACE_WINDOW is not None and self._groups(batch, task):  # one launch for all
-                    group += sched.claim_more(
-                        "gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and self._groups(batch, t))
+                if in_place and IN_PLACE_WINDOW is not None and task.grouped:  # one launch for all
+                    group += sched.claim_more("gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and t.grouped)
                 if len(group) > 1:
                     entry, view = None, None
                 elif in_place:
@@ -1806,7 +1813,7 @@ class ChunkedIndex:
     def _groups(batch: "_Batch", task: _Task) -> bool:
         """Whether ``task`` joins others in one call (:meth:`_answer_group`): a point lookup's queue of a chunk of
         sorted pairs holding row offsets (their configuration is the index's, alike for all such chunks)."""
-        return batch.form == "lookup" and batch.s_hi is None and task.chunk.kind == "pairs" and task.chunk.rows_in_place()
+        return batch.points and task.chunk.kind == "pairs" and task.chunk.rows_in_place()
 
     def _answer_group(self, views: list[_View], tasks: list[_Task], batch: "_Batch", S: torch.device) -> None:
         """The point queues ``tasks`` (:meth:`_groups`), each with its chunk's view on S, answered in one operator
