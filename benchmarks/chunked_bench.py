@@ -85,6 +85,7 @@ def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int) 
     ap.add_argument("--zipf", type=float, default=zipf)
     ap.add_argument("--hot-keys", type=int, default=1 << 26)
     ap.add_argument("--batches", type=int, default=batches, help="fresh Zipf batches")
+    ap.add_argument("--bucket-size", type=int, default=16, help="ChunkedIndex(bucket_size=...)")
 
 
 def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[ChunkedIndex, list[torch.Tensor]]:
@@ -92,6 +93,7 @@ def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[Ch
     the law's hottest keys, and the batches (Zipf over shuffled keys) on dev."""
     n = 1 << a.log_keys
     keys = make_keys(n, dev)
+    index_kw = {"bucket_size": a.bucket_size, **index_kw}
     probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, **index_kw)
     per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
     index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,

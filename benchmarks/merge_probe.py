@@ -8,7 +8,9 @@ its top entries by host time printed, with the batch's stage times.
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from chunked_bench import GcTimer, add_tier_probe_args, tier_probe  # noqa: E402
+
+
+class MergeSampler(threading.Thread):
+    """Samples the calling thread's Python stack every ``period_s`` while it runs ChunkedIndex._merge: where a stalled
+    merge waits (torch operators release the GIL, so a sample lands during a blocking call; a gap between samples
+    longer than the period is time a call held the GIL)."""
+
+    def __init__(self, index, period_s: float = 5e-4) -> None:
+        super().__init__(daemon=True)
+        self.target_id, self.period_s, self.active = threading.get_ident(), period_s, False
+        self.samples: collections.Counter = collections.Counter()
+        self.longest_gap_s = 0.0
+        merge = index._merge
+
+        def sampled(*args, **kw):
+            self.active = True
+            try:
+                return merge(*args, **kw)
+            finally:
+                self.active = False
+
+        index._merge = sampled
+        self.start()
+
+    def run(self) -> None:
+        last = None
+        while True:
+            time.sleep(self.period_s)
+            now = time.perf_counter()
+            if not self.active:
+                last = None
+                continue
+            if last is not None:
+                self.longest_gap_s = max(self.longest_gap_s, now - last)
+            last = now
+            frame = sys._current_frames().get(self.target_id)
+            where = []
+            while frame is not None and len(where) < 3:  # the innermost lines of the package
+                if "torch_rtindex" in frame.f_code.co_filename:
+                    where.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+                frame = frame.f_back
+            self.samples[" < ".join(where)] += 1
+
+    def take(self) -> tuple[list, float]:
+        out = (self.samples.most_common(8), self.longest_gap_s)
+        self.samples, self.longest_gap_s = collections.Counter(), 0.0
+        return out
 
 
 def main() -> None:
@@ -36,6 +85,7 @@ def main() -> None:
                 "host_alloc_ms": h.get("host_alloc_time.total", 0) / 1e3}
 
     gc_timer = GcTimer()
+    sampler = MergeSampler(index)
     for i, q in enumerate(batches):
         prof = i >= a.batches - a.profiled
         before = allocs()
@@ -58,6 +108,8 @@ def main() -> None:
               f"cpu {last['queries_cpu']}, stages ms {t}\n  rates {index.rates()}\n  allocations "
               f"{ {k: round(v - before[k], 1) for k, v in allocs().items()} }, garbage collections {gc_timer.take()}",
               flush=True)
+        samples, gap = sampler.take()
+        print(f"  merge samples (every 0.5 ms; longest gap {gap * 1e3:.1f} ms): {samples}", flush=True)
         if ctx:
             print(ctx.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
 
