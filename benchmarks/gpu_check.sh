@@ -22,8 +22,7 @@
 #   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
 #   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
-#                                           # times, allocations and garbage collections (merge_probe.py), first with a
-#                                           # caching-allocator block per batch (the merge before _PinnedStage), then as is
+#                                           # times, allocations, garbage collections and the merge's stack samples (merge_probe.py)
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
@@ -119,8 +118,7 @@ case "${1:-}" in
     ;;
   merge)
     { header "out of core, merge stalls"
-      timeout 270 python3 benchmarks/merge_probe.py --batches 10 --profiled 0 --stage caching
-      timeout 270 python3 benchmarks/merge_probe.py --batches 10 --profiled 0
+      timeout 560 python3 benchmarks/merge_probe.py --batches 10 --profiled 0
       echo "rc=$?"; } 2>&1 | log "merge_probe_$commit.log"
     ;;
   updates)

@@ -68,30 +68,13 @@ class MergeSampler(threading.Thread):
         return out
 
 
-class CachingStage:
-    """The merge's staging as it was before _PinnedStage: a pinned block of the caching host allocator per batch."""
-
-    done = None
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def grow(self) -> None:
-        pass
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_tier_probe_args(ap, zipf=0.99, batches=4)
     ap.add_argument("--profiled", type=int, default=1)
-    ap.add_argument("--stage", choices=["library", "caching"], default="library",
-                    help="caching: the CPU's answers cross through a block of the caching host allocator per batch "
-                         "(the merge before the pinned stage), for an A/B in one call")
     a = ap.parse_args()
     dev = torch.device("cuda")
     index, batches = tier_probe(a, dev)
-    if a.stage == "caching":
-        index._answer_stage = CachingStage()
     print(f"after warm: {index.rates()}", flush=True)
 
     def allocs():

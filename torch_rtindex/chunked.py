@@ -153,7 +153,10 @@ SEARCH_SLACK = 1.25
 # queue alone would pay its call and a parallel region); the rest stay claimable, by the GPU too.
 CPU_GROUP_QUERIES = 1 << 16
 # A stale rate (below) is calibrated again only on a slice of at least this many lookups: a smaller one's time is
-# mostly its fixed cost.
+# mostly its fixed cost. The cache's rate is learned only from queues this large: a smaller cached queue's time is
+# mostly the host issuing it while the GPU waits, which varies with the batch around it, so no fixed time fitted
+# on one batch takes it out of another's (small cached queues of tiered batches once priced the cache below the
+# in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
 # A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it:
 # a rate that prices its way out of every plan is never measured by the batches, right or wrong.
@@ -806,7 +809,6 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        self._answer_stage = _PinnedStage()
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -1637,7 +1639,6 @@ class ChunkedIndex:
                     sched.abort = True
                     raise
                 finally:
-                    batch.gpu_done = True
                     worker.join()
                 if worker_error:
                     raise worker_error[0]
@@ -1681,8 +1682,6 @@ class ChunkedIndex:
                     self._stats["queries_cpu"] += size
                     self._stats["time_s"]["cpu"] += dt
                 batch.cpu_calls.append((size, dt))
-            if error is not None and not batch.gpu_done and not sched.abort:
-                self._answer_stage.grow()  # in the CPU's idle time, not in a later batch's merge
         except BaseException as e:  # handed to the calling thread, which raises it
             sched.abort = True
             if error is None:
@@ -1848,7 +1847,7 @@ class ChunkedIndex:
         if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
             first = torch.full((q,), -1, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
-            for idx, f, c in _joined(tasks, sq, D, self._answer_stage):
+            for idx, f, c in _joined(tasks, sq, D):
                 first.index_copy_(0, idx, f)
                 count.index_copy_(0, idx, c)
             return first, count
@@ -1917,8 +1916,11 @@ class ChunkedIndex:
         learned = [(batch.gpu_lookups, "gpu")] + ([] if self.processors == "zero_copy" else
                                                   [(batch.in_place_lookups, "in_place")])
         for timed, name in learned:
-            if timed:
-                self._learn(name, [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed], batch.points)
+            samples = [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed]
+            if name == "gpu":  # see RATE_QUEUE
+                samples = [(n, t) for n, t in samples if n >= RATE_QUEUE]
+            if samples:
+                self._learn(name, samples, batch.points)
         self._stats["cpu_rate"], self._stats["copy_rate"] = self._cpu_rate, self._copy_rate
         self._stats["gpu_rate"] = self._gpu_rate
         self._stats["in_place_rate"] = self._in_place_rate if self._measured["in_place"] else None
@@ -2460,7 +2462,6 @@ class _Batch:
     cpu_calls: list = field(default_factory=list)  # (queries, seconds) of each CPU call
     cpu_copy_bytes: int = 0
     cpu_copy_time: float = 0.0
-    gpu_done: bool = False  # the GPU's loop has ended (the CPU worker's idle time after it is not)
 
     @property
     def points(self) -> bool:
@@ -2499,71 +2500,25 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-class _PinnedStage:
-    """A grow-only pinned host buffer through which the CPU's point answers cross to the GPU in the merge.
-    Pinning memory (cudaHostAlloc) costs tens of milliseconds per 64 MB, and the caching host allocator pins a new
-    block whenever the CPU's share of a batch reaches a new size class: in the merge that stalled whole batches
-    (benchmarks/results/). A batch that finds the buffer too small copies from pageable memory (a few ms more) and
-    asks for a larger buffer, which the CPU worker pins while it waits for the GPU (:meth:`grow`)."""
-
-    HEADROOM = 1.5
-
-    def __init__(self) -> None:
-        self.buf: torch.Tensor | None = None  # bytes
-        self.want = 0  # bytes a batch found missing
-        self.done: Any = None  # the event after the last copy out of the buffer
-
-    def take(self, nbytes: int) -> torch.Tensor | None:
-        """``nbytes`` of the buffer once its last copy has finished, or None (and a note to grow) if it is smaller."""
-        if self.buf is None or self.buf.numel() < nbytes:
-            self.want = max(self.want, nbytes)
-            return None
-        if self.done is not None:
-            self.done.synchronize()  # the previous batch's copy: long done
-        return self.buf[:nbytes]
-
-    def grow(self) -> None:
-        """Pins a buffer of HEADROOM x the largest size a batch missed, if any."""
-        have = 0 if self.buf is None else self.buf.numel()
-        if self.want <= have:
-            return
-        try:
-            buf = torch.empty(int(self.want * self.HEADROOM), dtype=torch.uint8, pin_memory=True)
-        except RuntimeError:  # out of pinned memory: later batches keep the pageable copy
-            self.want = 0
-            return
-        if self.done is not None:
-            self.done.synchronize()
-        self.buf, self.want = buf, 0
-
-
-def _joined(tasks: list, sq: torch.Tensor, D: torch.device, stage: _PinnedStage | None = None):
+def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
-    The CPU's answers cross to D in one asynchronous copy out of ``stage`` where it holds them, else from pageable
-    memory."""
+    The CPU's answers cross to D in one pinned copy."""
     by_device: dict[torch.device, list] = {}
     for t in tasks:
         by_device.setdefault(t.result[1].device, []).append(t)
     for dev, ts in by_device.items():
         # Every queue on one device: their positions are all of sq, in order (queues follow sq).
         idx = sq if len(ts) == len(tasks) else torch.cat([sq[t.start : t.start + t.size] for t in ts])
-        xs = [[t.result[k] for t in ts] for k in (1, 2)]
-        sizes = [sum(v.numel() for v in x) * x[0].element_size() for x in xs]
-        second = -(-sizes[0] // 8) * 8  # the second array's offset, aligned for any element type
-        space = stage.take(second + sizes[1]) if stage is not None and D.type == "cuda" and dev.type == "cpu" else None
         parts = []
-        for x, at, n in zip(xs, (0, second), sizes):
-            if space is not None:  # joined in pinned memory, then one asynchronous copy
-                out = space[at : at + n].view(x[0].dtype)
-                torch.cat(x, out=out)
-                parts.append(out.to(D, non_blocking=True))
+        for k in (1, 2):
+            xs = [t.result[k] for t in ts]
+            if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
+                x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=True)
+                torch.cat(xs, out=x)
             else:
-                joined = torch.cat(x) if len(x) > 1 else x[0]
-                parts.append(joined.to(D, non_blocking=D.type == "cuda"))  # pageable: the copy waits
-        if space is not None:
-            stage.done = torch.cuda.Event()
-            stage.done.record()
+                x = torch.cat(xs) if len(xs) > 1 else xs[0]
+            parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
 
 
