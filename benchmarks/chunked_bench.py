@@ -21,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -78,14 +79,18 @@ class GcTimer:
         return out
 
 
-def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int) -> None:
-    """The options of the probes over a given hot tier (tier_probe)."""
+def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int, device: bool = False) -> None:
+    """The options of the probes over a given hot tier (tier_probe; device: also --chunk-mib and --device, for
+    tier_probe_on_device)."""
     ap.add_argument("--log-keys", type=int, default=30)
     ap.add_argument("--log-lookups", type=int, default=27)
     ap.add_argument("--zipf", type=float, default=zipf)
     ap.add_argument("--hot-keys", type=int, default=1 << 26)
     ap.add_argument("--batches", type=int, default=batches, help="fresh Zipf batches")
     ap.add_argument("--bucket-size", type=int, default=16, help="ChunkedIndex(bucket_size=...)")
+    if device:
+        ap.add_argument("--chunk-mib", type=float, default=256.0)
+        ap.add_argument("--device", default="cuda", help="cpu: a smoke test (tiny sizes)")
 
 
 def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[ChunkedIndex, list[torch.Tensor]]:
@@ -103,6 +108,19 @@ def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[Ch
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
                for _ in range(a.batches)]
     return index, batches
+
+
+def tier_probe_on_device(a: argparse.Namespace) -> tuple[ChunkedIndex, list[torch.Tensor], torch.device, Callable]:
+    """The setup of the probes that also run on the CPU (their --chunk-mib and --device options, add_tier_probe_args
+    with device=True): (index, batches, device, synchronize) after one calibrating batch, with a header printed."""
+    dev = torch.device(a.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    index, batches = tier_probe(a, dev, chunk_bytes=int(a.chunk_mib * (1 << 20)))
+    index.lookup(batches[0])  # calibration before any timing
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
+          f"Zipf {a.zipf}, 2^{a.log_lookups} lookups, {torch.get_num_threads()} threads", flush=True)
+    return index, batches, dev, sync
 
 
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,6 @@ times per batch; answers compared with the first variant's.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
 
 
 def with_worker_threads(index, threads: int | None):
@@ -42,18 +41,10 @@ def with_worker_threads(index, threads: int | None):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_tier_probe_args(ap, zipf=1.2, batches=3)
-    ap.add_argument("--chunk-mib", type=float, default=256.0)
-    ap.add_argument("--device", default="cuda")
+    add_tier_probe_args(ap, zipf=1.2, batches=3, device=True)
     a = ap.parse_args()
-    dev = torch.device(a.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    index, batches = tier_probe(a, dev, chunk_bytes=int(a.chunk_mib * (1 << 20)))
-    index.lookup(batches[0])  # calibration before any timing
+    index, batches, dev, sync = tier_probe_on_device(a)
     cores = torch.get_num_threads()
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
-          f"Zipf {a.zipf}, 2^{a.log_lookups} lookups, {cores} threads, {os.cpu_count()} CPUs", flush=True)
     default_switch = sys.getswitchinterval()
     variants = [("library", default_switch, None), ("switch 0.5 ms", 5e-4, None), ("switch 0.1 ms", 1e-4, None),
                 (f"worker {cores - 1} threads", default_switch, cores - 1),

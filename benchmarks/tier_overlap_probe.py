@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import ChunkedIndex  # noqa: E402
 from torch_rtindex.chunked import _Batch  # noqa: E402
@@ -77,18 +77,10 @@ class _nullcontext:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_tier_probe_args(ap, zipf=1.2, batches=3)
+    add_tier_probe_args(ap, zipf=1.2, batches=3, device=True)
     ap.add_argument("--slices", default="1,2,4,8", help="slice counts, comma separated (1: one tier pass, then serve)")
-    ap.add_argument("--chunk-mib", type=float, default=256.0)
-    ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    dev = torch.device(a.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    index, batches = tier_probe(a, dev, chunk_bytes=int(a.chunk_mib * (1 << 20)))
-    index.lookup(batches[0])  # calibration before any timing
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
-          f"Zipf {a.zipf}, 2^{a.log_lookups} lookups", flush=True)
+    index, batches, dev, sync = tier_probe_on_device(a)
     gc_timer = GcTimer()
     # Variants interleaved batch by batch: each serve refits the planner's rates and the chunks' heat, so a
     # variant run after another would inherit its state.
