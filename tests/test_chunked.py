@@ -748,6 +748,22 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     assert index._in_place_rate > 1.0 and index._rate_age["in_place"] <= 1
 
 
+def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
+    """A way priced out of every plan still gets the idle CPU's take-overs of a few leftover queries (an H100 run:
+    the CPU at 3 M/s, 2-4 queries per uniform 2^27 batch). Such calls time their fixed cost, not lookups: they
+    must not reset the rate's age, or its recalibration after RATE_STALE point batches never comes."""
+    from torch_rtindex.chunked import RATE_QUEUE, RATE_STALE
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys, "cpu", hot_keys=0)
+    index._rate_age["cpu"] = RATE_STALE - 1
+    index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
+    assert index._rate_age["cpu"] == RATE_STALE - 1
+    index._rate_age["cpu"] += 1  # the next point batch's count (_learn_rates)
+    assert index._uncalibrated("cpu", True)
+    index._learn("cpu", [(RATE_QUEUE, 1e-3)], True)
+    assert index._rate_age["cpu"] == 0 and not index._uncalibrated("cpu", True)
+
+
 def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
     """One batch with queues served from the cache and queues read in place (on CUDA: the pinned host chunks
     through their mapped views), next to the CPU's."""

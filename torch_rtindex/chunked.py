@@ -1347,7 +1347,10 @@ class ChunkedIndex:
             setattr(self, attr, rate)
             self._fixed_s[name] = fixed
         self._measured[name] = "points" if points else "other"
-        if points and name in self._rate_age:
+        # Only samples that time lookups rather than a call keep a rate fresh: a way priced out of every plan still
+        # gets the idle CPU's take-overs of a few leftover queries, which would otherwise hold off its
+        # recalibration forever (RATE_STALE).
+        if points and name in self._rate_age and any(n >= RATE_QUEUE for n, _ in samples):
             self._rate_age[name] = 0
 
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
