@@ -158,8 +158,9 @@ CPU_GROUP_QUERIES = 1 << 16
 # on one batch takes it out of another's (small cached queues of tiered batches once priced the cache below the
 # in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
-# A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it:
-# a rate that prices its way out of every plan is never measured by the batches, right or wrong.
+# A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it on
+# a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is never measured by the
+# batches, right or wrong.
 RATE_STALE = 16
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
@@ -1305,7 +1306,7 @@ class ChunkedIndex:
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
         (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
-        a rate no point batch has measured for RATE_STALE point batches."""
+        a rate no point batch has measured (on RATE_QUEUE+ lookups) for RATE_STALE point batches."""
         if points and self._rate_age.get(name, 0) >= RATE_STALE:
             return True
         points = points or name == "copy"
