@@ -764,6 +764,53 @@ def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     assert index._rate_age["cpu"] == 0 and not index._uncalibrated("cpu", True)
 
 
+def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):
+    """The idle CPU's take-overs of 2-4 leftover queries pay a whole call (0.7-0.8 ms); fed to the fit as lookups
+    they pulled a measured CPU rate towards a few M/s within RATE_STALE batches. They refine the fixed time only."""
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys, "cpu", hot_keys=0)
+    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / 5e7), (1 << 12, 1e-4 + (1 << 12) / 5e7)], True, reset=True)
+    assert index._cpu_rate == pytest.approx(5e7, rel=0.01)
+    for _ in range(40):
+        index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
+    assert index._cpu_rate == pytest.approx(5e7, rel=0.01) and index._fixed_s["cpu"] == pytest.approx(0.75e-3, rel=0.01)
+    index._learn("cpu", [(1 << 16, 0.75e-3 + (1 << 16) / 2e7), (1 << 13, 0.75e-3 + (1 << 13) / 2e7)], True)
+    assert index._cpu_rate < 4e7  # calls big enough to time lookups still move it
+
+
+def test_a_stale_rate_is_calibrated_once_not_every_batch(gen):
+    """A calibration is a measurement: it makes the rate fresh even where its slices (at most 2^15, eight ninths of
+    the queue) stay under RATE_QUEUE, else a stale rate with a largest queue of 16.9-18.7 k lookups was calibrated
+    again, its fit thrown away, on every batch."""
+    from torch_rtindex.chunked import RATE_STALE
+    keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
+    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
+    index.read_in_place = True
+    hot = keys[1000:1050]
+    assert index._chunk_of(hot).unique().numel() == 1
+    calibrations = []
+    learn = index._learn
+    index._learn = lambda name, samples, points, reset=False: (
+        calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
+
+    def batch():
+        return torch.cat([hot[torch.randint(0, hot.numel(), (17000,), generator=gen)],
+                          keys[torch.randint(0, keys.numel(), (4000,), generator=gen)]])
+
+    index.lookup(batch())
+    index.processors = "gpu"  # the hot chunk cached (on a GPU: its queue served from the cache, not in place)
+    index.lookup(hot)
+    index.processors = "auto"
+    index._rate_age["in_place"], index._in_place_rate = RATE_STALE, 1.0  # stale and priced out of every plan
+    calibrations.clear()
+    ref = CgRXIndex(keys)
+    for _ in range(12):
+        q = batch()
+        got, want = index.lookup(q), ref.lookup(q)
+        assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    assert calibrations.count("in_place") == 1
+
+
 def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
     """One batch with queues served from the cache and queues read in place (on CUDA: the pinned host chunks
     through their mapped views), next to the CPU's."""
@@ -1839,6 +1886,8 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     assert manifest["version"] == 3
     again = ChunkedIndex.open(tmp_path / "ix", device="cpu", gpu_budget=1 << 17)
     _equal(list(again.lookup(q)) + list(again.lookup_all(q)), list(index.lookup(q)) + list(index.lookup_all(q)))
+
+
 def test_the_cache_rate_is_learned_from_big_queues_only(gen):
     """Cached queues of a few thousand lookups (a tiered batch's only cached ones), timed mostly by the host issuing
     them, once priced the cache below the in-place reads, and the next uniform batch read every chunk in place
