@@ -1342,7 +1342,7 @@ class ChunkedIndex:
             rate0 = getattr(self, attr)
             # A small call or queue whose lookups, at the rate the way has, explain under half its time is timed by
             # its fixed cost (the idle CPU's take-over of a few leftover queries pays a call): it refines the fixed
-            # time only. Fed to the fit, such samples dragged a CPU's rate to 3 M/s on an H100.
+            # time only: fed to the fit, a run of them drags the rate down towards their call's cost.
             fixed_only = [(n, t) for n, t in samples if same and rate0 > 0 and n < RATE_QUEUE and n / rate0 < t / 2]
             if fixed_only:
                 self._fixed_s[name] = sum(t - n / rate0 for n, t in fixed_only) / len(fixed_only)
