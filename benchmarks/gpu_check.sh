@@ -21,6 +21,8 @@
 #                                           # against the same tier given the law's hottest keys (warm)
 #   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
+#   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: uniform 2^27
+#                                           # batches only, against the in-core index (the planner's CPU share; ~3 min)
 #   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
 #                                           # times, allocations, garbage collections and the merge's stack samples (merge_probe.py)
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
@@ -116,6 +118,12 @@ case "${1:-}" in
       timeout 560 python3 benchmarks/tier_overlap_probe.py --slices 1,2,4,8
       echo "rc=$?"; } 2>&1 | log "tier_overlap_$commit.log"
     ;;
+  uniform27)
+    { header "out of core, uniform 2^27"
+      timeout 500 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 27 --zipf "" --repeats 2 \
+        --train-batches 2 --modes chunked,in_core --out "$out"
+      echo "rc=$?"; } 2>&1 | log "chunked_uniform27_$commit.log"
+    ;;
   merge)
     { header "out of core, merge stalls"
       timeout 560 python3 benchmarks/merge_probe.py --batches 10 --profiled 0
@@ -160,7 +168,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|merge|updates|sharded|scaling|bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|uniform27|merge|updates|sharded|scaling|bound" >&2
     exit 2
     ;;
 esac
