@@ -121,7 +121,7 @@ case "${1:-}" in
   uniform27)
     { header "out of core, uniform 2^27"
       timeout 500 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 27 --zipf "" --repeats 2 \
-        --train-batches 2 --modes chunked,in_core --out "$out"
+        --train-batches 2 --modes chunked,in_core --out "$out/uniform27"  # its own folder: chunked_hot writes the same JSON name
       echo "rc=$?"; } 2>&1 | log "chunked_uniform27_$commit.log"
     ;;
   merge)
