@@ -495,13 +495,11 @@ class _CostFit:
     def decay(self) -> None:
         self.w, self.sn, self.st, self.snn, self.snt = (0.5 * x for x in (self.w, self.sn, self.st, self.snn, self.snt))
 
-    def add(self, n: float, t: float) -> bool:
-        """Adds a sample; False (ignored) for one without lookups or time."""
-        if not (n > 0 and t > 0 and math.isfinite(t)):
-            return False
-        self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
-        self.snn, self.snt = self.snn + n * n, self.snt + n * t
-        return True
+    def add(self, n: float, t: float) -> None:
+        """Adds a sample (one without lookups or time is ignored)."""
+        if n > 0 and t > 0 and math.isfinite(t):
+            self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
+            self.snn, self.snt = self.snn + n * n, self.snt + n * t
 
     def solve(self, fixed: float, rate: float) -> tuple[float, float]:
         """(fixed seconds, lookups/s) from the samples, given the current ones (rate 0: none yet)."""
@@ -1266,8 +1264,6 @@ class ChunkedIndex:
             big = min((t.size - warm) * 8 // 9, 1 << 15)
             samples = self._timed(view, batch, self.device, t, [(warm, big), (warm + big, max(1, big // 8))])
             self._learn("in_place", samples, points, reset=True)
-            self._calibrated.add(("in_place", points))
-            self._rate_age["in_place"] = 0  # measured now, though its slices may be under RATE_QUEUE
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
             cpu = torch.device("cpu")
             size = min(t.size, 1 << 15)
@@ -1275,8 +1271,6 @@ class ChunkedIndex:
             self._timed(view, batch, cpu, t, [(0, size)])  # warm: first calls pay one-time costs
             samples = self._timed(view, batch, cpu, t, [(0, size), (0, max(1, size // 8))])  # two sizes, as above
             self._learn("cpu", samples, points, reset=True)
-            self._calibrated.add(("cpu", points))
-            self._rate_age["cpu"] = 0
         cache = self._cache
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
@@ -1324,9 +1318,14 @@ class ChunkedIndex:
         """Measurements of way ``name``, (lookups or bytes, seconds) per queue or call, from a point batch or
         another. The copy rate is an average (half weight per batch) of bytes over seconds; a lookup way's rate and
         fixed time are fitted to its samples with those of earlier batches (:class:`_CostFit`), which start over
-        where the rate came from the other kind of batch, or with ``reset`` (a calibration). Other batches never
-        change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples without time
-        (a clock too coarse) change nothing."""
+        where the rate came from the other kind of batch, or with ``reset`` (a calibration, which also makes the rate
+        fresh and marks it calibrated for this kind of batch, though its slices may be under RATE_QUEUE). Other
+        batches never change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples
+        without time (a clock too coarse) change nothing."""
+        if reset:
+            self._calibrated.add((name, points))
+            if points and name in self._rate_age:
+                self._rate_age[name] = 0
         points = points or name == "copy"
         if self._by_points(name) and not points:
             return
@@ -1343,10 +1342,11 @@ class ChunkedIndex:
             # A small call or queue whose lookups, at the rate the way has, explain under half its time is timed by
             # its fixed cost (the idle CPU's take-over of a few leftover queries pays a call): it refines the fixed
             # time only: fed to the fit, a run of them drags the rate down towards their call's cost.
-            fixed_only = [(n, t) for n, t in samples if same and rate0 > 0 and n < RATE_QUEUE and n / rate0 < t / 2]
-            if fixed_only:
-                self._fixed_s[name] = sum(t - n / rate0 for n, t in fixed_only) / len(fixed_only)
-                samples = [x for x in samples if x not in fixed_only]
+            if same and rate0 > 0:
+                fixed_only = [(n, t) for n, t in samples if n < RATE_QUEUE and n / rate0 < t / 2]
+                if fixed_only:
+                    self._fixed_s[name] = sum(t - n / rate0 for n, t in fixed_only) / len(fixed_only)
+                    samples = [x for x in samples if x not in fixed_only]
             if samples:
                 fit = self._fits[name]
                 if same:
