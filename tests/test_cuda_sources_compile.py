@@ -46,10 +46,15 @@ def include_flags(tmp_path: Path) -> list[str]:
     return flags
 
 
-@pytest.mark.parametrize("source", [s for s in _extension._CUDA_SOURCES if s.endswith(".cu")])
+# The extension's sources, and the benchmarks' own JIT baselines (built on the GPU machine only otherwise).
+BASELINES = Path(__file__).resolve().parent.parent / "benchmarks" / "baselines"
+CU_SOURCES = [_extension.CSRC / s for s in _extension._CUDA_SOURCES if s.endswith(".cu")] + sorted(BASELINES.glob("*.cu"))
+
+
+@pytest.mark.parametrize("source", CU_SOURCES, ids=lambda p: p.name)
 def test_cuda_source_compiles(tmp_path, source):
     cmd = [NVCC, "-c", "-O0", "--expt-relaxed-constexpr", "-gencode=arch=compute_90,code=sm_90",
-           "--compiler-options", "-fPIC", *include_flags(tmp_path), str(_extension.CSRC / source),
+           "--compiler-options", "-fPIC", *include_flags(tmp_path), "-DTORCH_EXTENSION_NAME=probe", str(source),
            "-o", str(tmp_path / "out.o")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]
