@@ -21,6 +21,8 @@
 #                                           # against the same tier given the law's hottest keys (warm)
 #   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
+#   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
+#                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
 #   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: uniform 2^27
 #                                           # batches only, against the in-core index (the planner's CPU share; ~3 min)
 #   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
@@ -117,6 +119,11 @@ case "${1:-}" in
     { header "out of core, the tier pass overlapped with the misses"
       timeout 560 python3 benchmarks/tier_overlap_probe.py --slices 1,2,4,8
       echo "rc=$?"; } 2>&1 | log "tier_overlap_$commit.log"
+    ;;
+  pipeline)
+    { header "out of core, the tier pass by chunk overlapped with each chunk's misses"
+      timeout 560 python3 benchmarks/chunk_pipeline_probe.py
+      echo "rc=$?"; } 2>&1 | log "chunk_pipeline_$commit.log"
     ;;
   uniform27)
     { header "out of core, uniform 2^27"
