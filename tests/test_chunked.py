@@ -811,6 +811,42 @@ def test_a_stale_rate_is_calibrated_once_not_every_batch(gen):
     assert calibrations.count("in_place") == 1
 
 
+def test_a_stale_cache_rate_is_calibrated_again(gen):
+    """The cache's rate, like the others, can price its way out of every plan (a wrong big-queue sample): then no
+    batch measures it again. After RATE_STALE point batches a point batch with a big queue of a cached chunk
+    calibrates it (once), and the cache serves again."""
+    from torch_rtindex.chunked import RATE_STALE
+    keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
+    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
+    hot = keys[1000:1050]
+    assert index._chunk_of(hot).unique().numel() == 1
+    calibrations = []
+    learn = index._learn
+    index._learn = lambda name, samples, points, reset=False: (
+        calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
+
+    def batch():
+        return torch.cat([hot[torch.randint(0, hot.numel(), (40000,), generator=gen)],
+                          keys[torch.randint(0, keys.numel(), (4000,), generator=gen)]])
+
+    index.processors = "gpu"  # the hot chunk cached, the cache's rate measured on its queue
+    index.lookup(hot[torch.randint(0, hot.numel(), (40000,), generator=gen)])
+    index.processors = "auto"
+    index.lookup(batch())
+    assert index._measured["gpu"] == "points"
+    index._gpu_rate = 1.0  # one lookup a second: the plan gives the cache nothing
+    ref = CgRXIndex(keys)
+    calibrations.clear()
+    for i in range(RATE_STALE + 2):
+        q = batch()
+        got, want = index.lookup(q), ref.lookup(q)
+        assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+        if index._gpu_rate == 1.0:
+            assert index.stats()["last_batch"]["queries_gpu"] == 0, i
+    assert calibrations.count("gpu") == 1 and index._gpu_rate > 1e3
+    assert index.stats()["last_batch"]["queries_gpu"] > 0
+
+
 def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
     """One batch with queues served from the cache and queues read in place (on CUDA: the pinned host chunks
     through their mapped views), next to the CPU's."""

@@ -39,9 +39,10 @@ the first batch that uses both processors (a slice of a queue answered on the CP
 read in place) and then measured on every batch. A queue (a CPU call) costs a fixed time plus its lookups at a
 rate, both fitted to the measured queues of recent batches (:class:`_CostFit`): lookups over seconds of tiny queues
 is mostly their fixed time, not a rate. The copy rate is an exponential average. Rates are those of point lookups:
-a batch of another form sets one only until a point batch has measured it, and a point batch calibrates the CPU's
-or the in-place rate again when 16 point batches have not measured it (a rate that priced its way out of every
-plan). :meth:`ChunkedIndex.rates` shows them.
+a batch of another form sets one only until a point batch has measured it, and a point batch calibrates the CPU's,
+the in-place or the cache's rate again when 16 point batches have not measured it (a rate that priced its way out
+of every plan; the cache's on a cached chunk's queue of at least 2^14 lookups). :meth:`ChunkedIndex.rates` shows
+them.
 ``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at
 least that size.
 
@@ -158,9 +159,9 @@ CPU_GROUP_QUERIES = 1 << 16
 # on one batch takes it out of another's (small cached queues of tiered batches once priced the cache below the
 # in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
-# A point batch calibrates the CPU's or the in-place rate again once this many point batches have not measured it on
-# a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is never measured by the
-# batches, right or wrong.
+# A point batch calibrates a lookup way's rate (the CPU's, in place, the cache's) again once this many point batches
+# have not measured it on a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is
+# never measured by the batches, right or wrong.
 RATE_STALE = 16
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
@@ -820,7 +821,7 @@ class ChunkedIndex:
         # batch, like warm()'s row fetch, serves only until a point batch measures it).
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
         self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
-        self._rate_age = {"cpu": 0, "in_place": 0}  # point batches since a point batch measured the rate
+        self._rate_age = {"cpu": 0, "in_place": 0, "gpu": 0}  # point batches since a point batch measured the rate
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1250,20 +1251,21 @@ class ChunkedIndex:
     def _calibrate(self, batch: "_Batch", tasks: list[_Task]) -> None:
         """Measures the rates a batch needs and lacks (:meth:`_uncalibrated`) before it is planned (guesses would
         misplace a whole batch): slices of two sizes of the largest queue answered from its host copy and, where the
-        GPU may read chunks in place, answered so; a slice of its chunk copied into the (still empty) cache."""
+        GPU may read chunks in place, answered so; a slice of its chunk copied into the (still empty) cache; and,
+        for a stale cache rate, slices of the largest queue of a cached chunk answered from the cache."""
         t = max(tasks, key=lambda t: t.size)
         points = batch.points
         if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
-            # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from
-            # the caches, not over PCIe.
-            warm = min(t.size // 8, 256)
-            view = self._in_place_view(t.chunk)
-            qlo, qhi = batch.queue(_Task(t.chunk, t.start, warm, False, t.fits), self.device, self)
-            self._answer(view, batch, qlo, qhi, self.device)
-            # Two sizes, so that the fit starts with a fixed time and a rate (module doc); queries read once each.
-            big = min((t.size - warm) * 8 // 9, 1 << 15)
-            samples = self._timed(view, batch, self.device, t, [(warm, big), (warm + big, max(1, big // 8))])
-            self._learn("in_place", samples, points, reset=True)
+            self._calibrate_gpu("in_place", self._in_place_view(t.chunk), batch, t)
+        cache = self._cache
+        resident = [r for r in tasks if r.resident]
+        if cache is not None and resident and self._uncalibrated("gpu", points):
+            r = max(resident, key=lambda r: r.size)
+            if r.size >= self._slice_min("gpu", RATE_QUEUE):  # smaller cached queues time the host's issue
+                entry = cache.entries[r.chunk]
+                if self.device.type == "cuda" and entry.ready is not None:
+                    torch.cuda.current_stream(self.device).wait_event(entry.ready)
+                self._calibrate_gpu("gpu", entry.view, batch, r)
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
             cpu = torch.device("cpu")
             size = min(t.size, 1 << 15)
@@ -1271,7 +1273,6 @@ class ChunkedIndex:
             self._timed(view, batch, cpu, t, [(0, size)])  # warm: first calls pay one-time costs
             samples = self._timed(view, batch, cpu, t, [(0, size), (0, max(1, size // 8))])  # two sizes, as above
             self._learn("cpu", samples, points, reset=True)
-        cache = self._cache
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
             size = min(host.numel(), cache.budget, 64 << 20)
@@ -1286,6 +1287,18 @@ class ChunkedIndex:
             self._calibrated.add(("copy", True))  # once: a chunk under 1 MiB times too short to trust; batches measure it
             if size >= 1 << 20:
                 self._learn("copy", [(size, seconds)], True)
+
+    def _calibrate_gpu(self, name: str, view: _View, batch: "_Batch", t: _Task) -> None:
+        """Calibrates the GPU's way ``name`` (in place, or the cache) on queue ``t`` answered with ``view``."""
+        # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from the
+        # caches, not from where the chunk lies.
+        warm = min(t.size // 8, 256)
+        qlo, qhi = batch.queue(_Task(t.chunk, t.start, warm, False, t.fits), self.device, self)
+        self._answer(view, batch, qlo, qhi, self.device)
+        # Two sizes, so that the fit starts with a fixed time and a rate (module doc); queries read once each.
+        big = min((t.size - warm) * 8 // 9, 1 << 15)
+        samples = self._timed(view, batch, self.device, t, [(warm, big), (warm + big, max(1, big // 8))])
+        self._learn(name, samples, batch.points, reset=True)
 
     def _timed(self, view: _View, batch: "_Batch", S: torch.device, t: _Task, slices: list) -> list:
         """(queries, seconds) of answering each (offset, size) slice of queue ``t`` on S with ``view``."""
@@ -1302,9 +1315,12 @@ class ChunkedIndex:
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
         (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
-        a rate no point batch has measured (on RATE_QUEUE+ lookups) for RATE_STALE point batches."""
+        a rate no point batch has measured (on RATE_QUEUE+ lookups) for RATE_STALE point batches. The cache's rate
+        (``gpu``) only so: the batches' cached queues measure it first."""
         if points and self._rate_age.get(name, 0) >= RATE_STALE:
             return True
+        if name == "gpu":  # the batches' big cached queues measure it; calibrated only when stale
+            return False
         points = points or name == "copy"
         have = self._by_points(name) if points else bool(self._measured[name])
         return not have and (name, points) not in self._calibrated
@@ -1633,8 +1649,8 @@ class ChunkedIndex:
         batch = _Batch(form, s_lo, s_hi, values, D, part_event)
         for t in tasks:
             t.grouped = self._groups(batch, t)
-        # The rates the calibration measures (the GPU's lookup rate comes from the batches alone).
-        wanted = ("cpu", "copy", "in_place") if self._in_place_on() else ("cpu", "copy")
+        # The rates the calibration measures (the cache's lookup rate only when stale: the batches measure it).
+        wanted = ("cpu", "copy", "gpu") + (("in_place",) if self._in_place_on() else ())
         if (tasks and gpu_on and cpu_on and self.critical_mass is None
                 and any(self._uncalibrated(k, batch.points) for k in wanted)):
             t0 = time.perf_counter()
@@ -1911,7 +1927,8 @@ class ChunkedIndex:
         """Updates the rates the planner uses from what the batch measured (:meth:`_learn`)."""
         if batch.points:
             for name in self._rate_age:
-                if name != "in_place" or self._in_place_on():  # off, it has no calibration to trigger
+                # A way that is off has no calibration to trigger.
+                if {"in_place": self._in_place_on(), "gpu": self._cache is not None}.get(name, True):
                     self._rate_age[name] += 1
         # Lookups over seconds of small calls or queues is mostly their fixed cost: a rate taken so from a batch of
         # tiny queues once priced in-place reads (and the CPU) out of every later batch. Hence the fit of a fixed
