@@ -748,6 +748,24 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     assert index._in_place_rate > 1.0 and index._rate_age["in_place"] <= 1
 
 
+def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
+    """A fresh index's calibration once priced an H100 host's CPU at a tenth of its rate (4.8 against 42-50 M/s in
+    other runs): the CPU then got only take-overs of a few queries, which never move a rate. RATE_STALE point
+    batches later a calibration measures it again, and the CPU serves its share."""
+    from torch_rtindex.chunked import RATE_STALE
+    keys = int64_keys("uniform", 200000, gen)
+    index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
+    q = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k: big enough to time
+    ref = CgRXIndex(keys).lookup(q)
+    index.lookup(q)
+    assert index._measured["cpu"] == "points" and index.stats()["last_batch"]["queries_cpu"] > 0
+    index._cpu_rate /= 1e4  # as if the calibration had been timed on a busy host
+    for i in range(RATE_STALE + 1):  # the last one calibrates
+        got = index.lookup(q)
+        assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
+    assert index.stats()["last_batch"]["queries_cpu"] > 1000 and index._stale_after["cpu"] == RATE_STALE
+
+
 def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     """A way priced out of every plan still gets the idle CPU's take-overs of a few leftover queries (an H100 run:
     the CPU at 3 M/s, 2-4 queries per uniform 2^27 batch). Such calls time their fixed cost, not lookups: they
@@ -778,10 +796,11 @@ def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):
     assert index._cpu_rate < 4e7  # calls big enough to time lookups still move it
 
 
-def test_a_stale_rate_is_calibrated_once_not_every_batch(gen):
+def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen):
     """A calibration is a measurement: it makes the rate fresh even where its slices (at most 2^15, eight ninths of
     the queue) stay under RATE_QUEUE, else a stale rate with a largest queue of 16.9-18.7 k lookups was calibrated
-    again, its fit thrown away, on every batch."""
+    again, its fit thrown away, on every batch. A way still out of the plans is calibrated again after its wait:
+    RATE_STALE batches after a calibration that moved the rate, twice as many after one that confirmed it."""
     from torch_rtindex.chunked import RATE_STALE
     keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
@@ -808,7 +827,10 @@ def test_a_stale_rate_is_calibrated_once_not_every_batch(gen):
         q = batch()
         got, want = index.lookup(q), ref.lookup(q)
         assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
-    assert calibrations.count("in_place") == 1
+    # Stale at the first batch (1.0 -> the measured rate: the wait stays RATE_STALE), again RATE_STALE batches later
+    # (the rate confirmed: the wait doubles), and not in the 2 RATE_STALE batches after.
+    assert calibrations.count("in_place") == 2
+    assert index._stale_after["in_place"] == 2 * RATE_STALE
 
 
 def test_a_stale_cache_rate_is_calibrated_again(gen):

@@ -159,10 +159,13 @@ CPU_GROUP_QUERIES = 1 << 16
 # on one batch takes it out of another's (small cached queues of tiered batches once priced the cache below the
 # in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
-# A point batch calibrates a lookup way's rate (the CPU's, in place, the cache's) again once this many point batches
+# A point batch calibrates a lookup way's rate (the CPU's, in place, the cache's) again once RATE_STALE point batches
 # have not measured it on a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is
-# never measured by the batches, right or wrong.
-RATE_STALE = 16
+# never measured by the batches, right or wrong (a calibration timed while the host was busy once priced the CPU at a
+# tenth of its rate). A recalibration that finds the rate within RATE_CONFIRM of the old one doubles the way's wait
+# for the next, up to RATE_STALE_MAX batches (a way rightly out of the plans pays rarely); one that moves it more
+# starts the wait over.
+RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -822,6 +825,7 @@ class ChunkedIndex:
         self._measured = {"cpu": False, "copy": False, "gpu": False, "in_place": False}
         self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
         self._rate_age = {"cpu": 0, "in_place": 0, "gpu": 0}  # point batches since a point batch measured the rate
+        self._stale_after = dict.fromkeys(self._rate_age, RATE_STALE)  # the age that calibrates it again
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1315,15 +1319,18 @@ class ChunkedIndex:
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
         (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
-        a rate no point batch has measured (on RATE_QUEUE+ lookups) for RATE_STALE point batches. The cache's rate
+        a rate no point batch has measured (on RATE_QUEUE+ lookups) for its wait (RATE_STALE). The cache's rate
         (``gpu``) only so: the batches' cached queues measure it first."""
-        if points and self._rate_age.get(name, 0) >= RATE_STALE:
+        if points and self._stale(name):
             return True
         if name == "gpu":  # the batches' big cached queues measure it; calibrated only when stale
             return False
         points = points or name == "copy"
         have = self._by_points(name) if points else bool(self._measured[name])
         return not have and (name, points) not in self._calibrated
+
+    def _stale(self, name: str) -> bool:
+        return name in self._rate_age and self._rate_age[name] >= self._stale_after[name]
 
     def _slice_min(self, name: str, least: int) -> int:
         """The largest queue a calibration of ``name`` needs: ``least`` for a rate still a guess or not measured on
@@ -1337,7 +1344,10 @@ class ChunkedIndex:
         where the rate came from the other kind of batch, or with ``reset`` (a calibration, which also makes the rate
         fresh and marks it calibrated for this kind of batch, though its slices may be under RATE_QUEUE). Other
         batches never change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples
-        without time (a clock too coarse) change nothing."""
+        without time (a clock too coarse) change nothing. A recalibration of a stale point rate sets the way's next
+        wait (RATE_STALE)."""
+        recal = reset and points and self._stale(name) and self._by_points(name)
+        old_rate = getattr(self, f"_{name}_rate")
         if reset:
             self._calibrated.add((name, points))
             if points and name in self._rate_age:
@@ -1375,6 +1385,11 @@ class ChunkedIndex:
                 setattr(self, attr, rate)
                 self._fixed_s[name] = fixed
         self._measured[name] = "points" if points else "other"
+        if recal:
+            new_rate = getattr(self, f"_{name}_rate")
+            confirmed = old_rate > 0 and max(new_rate / old_rate, old_rate / new_rate) <= RATE_CONFIRM
+            wait = self._stale_after[name]
+            self._stale_after[name] = min(2 * wait, RATE_STALE_MAX) if confirmed else RATE_STALE
         # Only samples that time lookups rather than a call keep a rate fresh: a way priced out of every plan still
         # gets the idle CPU's take-overs of a few leftover queries, which would otherwise hold off its
         # recalibration forever (RATE_STALE).
