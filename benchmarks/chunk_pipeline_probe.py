@@ -116,16 +116,12 @@ def main() -> None:
         ref = index.lookup(q)
         for variant in ("library", "serial", "pipelined", "serial timed"):
             stages = {} if variant == "serial timed" else None
-            sync()
-            gc_timer.take()
-            t0 = time.perf_counter()
             if variant == "library":
-                got = index.lookup(q)
+                got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
                 first, count = got.first_row, got.count
             else:
-                first, count = chunk_pipeline(index, q, overlap=variant == "pipelined", stages=stages)
-            sync()
-            ms = (time.perf_counter() - t0) * 1e3
+                (first, count), ms = gc_timer.timed(
+                    lambda: chunk_pipeline(index, q, overlap=variant == "pipelined", stages=stages), sync)
             same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
             extra = "" if stages is None else "  " + "  ".join(f"{k} {v * 1e3:.2f}" for k, v in stages.items())
             if variant == "library":

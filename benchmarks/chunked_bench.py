@@ -78,6 +78,16 @@ class GcTimer:
         self.counts, self.ms = [0, 0, 0], 0.0
         return out
 
+    def timed(self, fn: Callable, sync: Callable) -> tuple:
+        """(fn(), its wall milliseconds), the device synchronized before and after and the collections before it
+        forgotten (take() then reads those during it)."""
+        sync()
+        self.take()
+        t0 = time.perf_counter()
+        out = fn()
+        sync()
+        return out, (time.perf_counter() - t0) * 1e3
+
 
 def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int, device: bool = False) -> None:
     """The options of the probes over a given hot tier (tier_probe; device: also --chunk-mib and --device, for

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,12 +55,7 @@ def main() -> None:
         for label, switch, threads in variants:
             with_worker_threads(index, threads)
             sys.setswitchinterval(switch)
-            sync()
-            gc_timer.take()
-            t0 = time.perf_counter()
-            got = index.lookup(q)
-            sync()
-            ms = (time.perf_counter() - t0) * 1e3
+            got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
             sys.setswitchinterval(default_switch)
             ref = got if ref is None else ref
             same = bool(torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count))

@@ -87,18 +87,13 @@ def main() -> None:
     for i, q in enumerate(batches):
         ref = index.lookup(q)
         for variant in ["library"] + [int(x) for x in a.slices.split(",")]:
-            sync()
-            gc_timer.take()
-            t0 = time.perf_counter()
             if variant == "library":
-                got = index.lookup(q)
+                got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
                 first, count = got.first_row, got.count
                 tier = f"  tier pass {index.stats()['last_batch']['time_s']['hot'] * 1e3:6.2f} ms"
             else:
-                first, count, tier_s = sliced_lookup(index, q, variant)
+                (first, count, tier_s), ms = gc_timer.timed(lambda: sliced_lookup(index, q, variant), sync)
                 tier = f"  first slice's misses known after {tier_s * 1e3:6.2f} ms"
-            sync()
-            ms = (time.perf_counter() - t0) * 1e3
             same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
             print(f"batch {i} {str(variant):>8}: {ms:8.2f} ms  same {same}{tier}  gc {gc_timer.take()}", flush=True)
 

@@ -796,21 +796,27 @@ def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):
     assert index._cpu_rate < 4e7  # calls big enough to time lookups still move it
 
 
-def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen):
-    """A calibration is a measurement: it makes the rate fresh even where its slices (at most 2^15, eight ninths of
-    the queue) stay under RATE_QUEUE, else a stale rate with a largest queue of 16.9-18.7 k lookups was calibrated
-    again, its fit thrown away, on every batch. A way still out of the plans is calibrated again after its wait:
-    RATE_STALE batches after a calibration that moved the rate, twice as many after one that confirmed it."""
-    from torch_rtindex.chunked import RATE_STALE
+def _hot_chunk_and_calibrations(gen):
+    """(keys, a CPU index of small chunks, 50 keys of one chunk, the names of the rates each calibration sets)."""
     keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
-    index.read_in_place = True
     hot = keys[1000:1050]
     assert index._chunk_of(hot).unique().numel() == 1
     calibrations = []
     learn = index._learn
     index._learn = lambda name, samples, points, reset=False: (
         calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
+    return keys, index, hot, calibrations
+
+
+def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen):
+    """A calibration is a measurement: it makes the rate fresh even where its slices (at most 2^15, eight ninths of
+    the queue) stay under RATE_QUEUE, else a stale rate with a largest queue of 16.9-18.7 k lookups was calibrated
+    again, its fit thrown away, on every batch. A way still out of the plans is calibrated again after its wait:
+    RATE_STALE batches after a calibration that moved the rate, twice as many after one that confirmed it."""
+    from torch_rtindex.chunked import RATE_STALE
+    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
+    index.read_in_place = True
 
     def batch():
         return torch.cat([hot[torch.randint(0, hot.numel(), (17000,), generator=gen)],
@@ -838,14 +844,7 @@ def test_a_stale_cache_rate_is_calibrated_again(gen):
     batch measures it again. After RATE_STALE point batches a point batch with a big queue of a cached chunk
     calibrates it (once), and the cache serves again."""
     from torch_rtindex.chunked import RATE_STALE
-    keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
-    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
-    hot = keys[1000:1050]
-    assert index._chunk_of(hot).unique().numel() == 1
-    calibrations = []
-    learn = index._learn
-    index._learn = lambda name, samples, points, reset=False: (
-        calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
+    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
 
     def batch():
         return torch.cat([hot[torch.randint(0, hot.numel(), (40000,), generator=gen)],
