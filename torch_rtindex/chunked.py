@@ -40,9 +40,9 @@ read in place) and then measured on every batch. A queue (a CPU call) costs a fi
 rate, both fitted to the measured queues of recent batches (:class:`_CostFit`): lookups over seconds of tiny queues
 is mostly their fixed time, not a rate. The copy rate is an exponential average. Rates are those of point lookups:
 a batch of another form sets one only until a point batch has measured it, and a point batch calibrates the CPU's,
-the in-place or the cache's rate again when 16 point batches have not measured it (a rate that priced its way out
-of every plan; the cache's on a cached chunk's queue of at least 2^14 lookups). :meth:`ChunkedIndex.rates` shows
-them.
+the in-place or the cache's rate again when 4 point batches have not measured it (a rate that priced its way out of
+every plan; the cache's on a big queue of a cached chunk), a wait that doubles, up to 64 batches, while such
+recalibrations confirm the rate. :meth:`ChunkedIndex.rates` shows them.
 ``critical_mass`` (an int) replaces the plan by a fixed rule: the GPU takes cached chunks' queues and others of at
 least that size.
 
@@ -160,11 +160,11 @@ CPU_GROUP_QUERIES = 1 << 16
 # in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
 # A point batch calibrates a lookup way's rate (the CPU's, in place, the cache's) again once RATE_STALE point batches
-# have not measured it on a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is
-# never measured by the batches, right or wrong (a calibration timed while the host was busy once priced the CPU at a
-# tenth of its rate). A recalibration that finds the rate within RATE_CONFIRM of the old one doubles the way's wait
-# for the next, up to RATE_STALE_MAX batches (a way rightly out of the plans pays rarely); one that moves it more
-# starts the wait over.
+# have not measured it (a call or queue whose time its lookups explain, not only its fixed cost): a rate that prices
+# its way out of every plan is never measured by the batches, right or wrong (a calibration timed while the host was
+# busy once priced the CPU at a tenth of its rate). A recalibration that finds the rate within RATE_CONFIRM of the
+# old one doubles the way's wait for the next, up to RATE_STALE_MAX batches (a way rightly out of the plans pays
+# rarely); one that moves it more, or a batch that measures it, starts the wait over.
 RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
@@ -1319,7 +1319,7 @@ class ChunkedIndex:
     def _uncalibrated(self, name: str, points: bool) -> bool:
         """Whether a batch (of point lookups or not) calibrates rate ``name``: not yet measured on such a batch
         (a point batch: on one like it; the copy rate: on any) and not yet calibrated on one; or, on a point batch,
-        a rate no point batch has measured (on RATE_QUEUE+ lookups) for its wait (RATE_STALE). The cache's rate
+        a rate no point batch has measured for its wait (RATE_STALE). The cache's rate
         (``gpu``) only so: the batches' cached queues measure it first."""
         if points and self._stale(name):
             return True
@@ -1390,11 +1390,13 @@ class ChunkedIndex:
             confirmed = old_rate > 0 and max(new_rate / old_rate, old_rate / new_rate) <= RATE_CONFIRM
             wait = self._stale_after[name]
             self._stale_after[name] = min(2 * wait, RATE_STALE_MAX) if confirmed else RATE_STALE
-        # Only samples that time lookups rather than a call keep a rate fresh: a way priced out of every plan still
-        # gets the idle CPU's take-overs of a few leftover queries, which would otherwise hold off its
-        # recalibration forever (RATE_STALE).
-        if points and name in self._rate_age and any(n >= RATE_QUEUE for n, _ in samples):
+        # A batch's samples that fed the fit timed lookups, so the way is in the plans and its rate fresh; its wait
+        # starts over (a way that falls out of the plans after a batch measured it is checked soon). The fixed-only
+        # samples timed a call, not lookups: a way priced out of every plan still gets the idle CPU's take-overs of
+        # a few leftover queries, which would otherwise hold off its recalibration forever.
+        if points and name in self._rate_age and samples and not reset:
             self._rate_age[name] = 0
+            self._stale_after[name] = RATE_STALE
 
     def _run(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
         t_start = time.perf_counter()
