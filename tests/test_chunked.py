@@ -770,7 +770,7 @@ def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     """A way priced out of every plan still gets the idle CPU's take-overs of a few leftover queries (an H100 run:
     the CPU at 3 M/s, 2-4 queries per uniform 2^27 batch). Such calls time their fixed cost, not lookups: they
     must not reset the rate's age, or its recalibration after RATE_STALE point batches never comes."""
-    from torch_rtindex.chunked import RATE_STALE
+    from torch_rtindex.chunked import RATE_QUEUE, RATE_STALE
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
     index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / 5e6), (1 << 12, 1e-4 + (1 << 12) / 5e6)], True, reset=True)
@@ -779,8 +779,41 @@ def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     assert index._rate_age["cpu"] == RATE_STALE - 1
     index._rate_age["cpu"] += 1  # the next point batch's count (_learn_rates)
     assert index._uncalibrated("cpu", True)
-    index._learn("cpu", [(5000, 1e-4 + 5000 / 5e6)], True)  # a call its lookups explain: the CPU is in the plans
+    index._learn("cpu", [(5000, 1e-4 + 5000 / 5e6)], True)  # a mid-size call may time its call as much: not fresh
+    assert index._rate_age["cpu"] == RATE_STALE
+    index._learn("cpu", [(RATE_QUEUE, 1e-4 + RATE_QUEUE / 5e6)], True)  # a big call's lookups: the CPU is in the plans
     assert index._rate_age["cpu"] == 0 and not index._uncalibrated("cpu", True)
+
+
+@pytest.mark.parametrize("calibrated, call", [(4.8e6, 1500), (4.8e6, 12000), (4.5e8, 1 << 14)])
+def test_a_wrong_rate_is_not_kept_fresh_by_samples_that_do_not_time_it(gen, calibrated, call):
+    """A review's cases, the true CPU rate 45 M/s: a rate calibrated ten times too low or too high, then every batch
+    the idle CPU's take-overs (their calls' fixed cost) and one more call. A mid-size call escapes the fixed-only
+    filter at a low rate; a big one at a high rate is explained by the fixed time the take-overs set, so the fit
+    keeps the rate. Neither times it: the rate goes stale and is calibrated again."""
+    from torch_rtindex.chunked import RATE_STALE
+    index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
+    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / calibrated), (1 << 12, 1e-4 + (1 << 12) / calibrated)], True,
+                 reset=True)
+    stale = []
+    for _ in range(2 * RATE_STALE):  # the first batch's fit, with the calibration's samples, may still time it
+        index._rate_age["cpu"] += 1  # the point batch's count (_learn_rates)
+        index._learn("cpu", [(3, 0.8e-3), (7, 0.7e-3), (call, 0.75e-3 + call / 45e6)], True)
+        stale.append(index._uncalibrated("cpu", True))
+    assert any(stale)
+
+
+def test_a_point_rate_does_not_start_from_take_overs(gen):
+    """Where a point batch calibrates nothing (every queue under a calibration's smallest slice), its take-overs of a
+    few queries would start the rate from their call's cost (a few thousand lookups/s) and count as measured: the
+    next big batch would not calibrate. Such samples are left out until a calibration or a big enough sample."""
+    from torch_rtindex.chunked import RATE_MIN_SAMPLE
+    index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
+    guess = index._cpu_rate
+    index._learn("cpu", [(3, 0.8e-3), (2, 0.7e-3)], True)
+    assert index._cpu_rate == guess and not index._measured["cpu"] and index._uncalibrated("cpu", True)
+    index._learn("cpu", [(RATE_MIN_SAMPLE, 1e-4 + RATE_MIN_SAMPLE / 4.5e7)], True)
+    assert index._measured["cpu"] == "points"
 
 
 def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):

@@ -160,12 +160,15 @@ CPU_GROUP_QUERIES = 1 << 16
 # in-place reads, and a uniform batch then read every chunk in place instead of copying: benchmarks/results/).
 RATE_QUEUE = 1 << 14
 # A point batch calibrates a lookup way's rate (the CPU's, in place, the cache's) again once RATE_STALE point batches
-# have not measured it (a call or queue whose time its lookups explain, not only its fixed cost): a rate that prices
-# its way out of every plan is never measured by the batches, right or wrong (a calibration timed while the host was
-# busy once priced the CPU at a tenth of its rate). A recalibration that finds the rate within RATE_CONFIRM of the
-# old one doubles the way's wait for the next, up to RATE_STALE_MAX batches (a way rightly out of the plans pays
-# rarely); one that moves it more, or a batch that measures it, starts the wait over.
+# have not timed it on a queue or call of RATE_QUEUE+ lookups: a rate that prices its way out of every plan is never
+# measured by the batches, right or wrong (a calibration timed while the host was busy once priced the CPU at a
+# tenth of its rate). A recalibration within RATE_CONFIRM of the way's last calibration doubles its wait for the
+# next, up to RATE_STALE_MAX batches (a way rightly out of the plans, or one whose queues are all small, pays
+# rarely); one that differs more, or a batch that times the rate, starts the wait over.
 RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
+# A lookup way's rate that no calibration has set for a kind of batch (its queues too small to time one) is learned
+# from the batches' samples of at least this many lookups (a calibration's smallest queue).
+RATE_MIN_SAMPLE = 256
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -492,6 +495,7 @@ class _CostFit:
 
     def __init__(self) -> None:
         self.reset()
+        self.timed_rate = False
 
     def reset(self) -> None:
         self.w = self.sn = self.st = self.snn = self.snt = 0.0
@@ -506,17 +510,21 @@ class _CostFit:
             self.snn, self.snt = self.snn + n * n, self.snt + n * t
 
     def solve(self, fixed: float, rate: float) -> tuple[float, float]:
-        """(fixed seconds, lookups/s) from the samples, given the current ones (rate 0: none yet)."""
+        """(fixed seconds, lookups/s) from the samples, given the current ones (rate 0: none yet). Afterwards
+        ``timed_rate`` says whether the samples set the rate (False: they refined the fixed time, the rate kept)."""
+        self.timed_rate = False
         if self.w <= 0 or self.st <= 0:
             return fixed, rate
         mn, mt = self.sn / self.w, self.st / self.w
         var, cov = max(self.snn / self.w - mn * mn, 0.0), self.snt / self.w - mn * mt
+        self.timed_rate = True
         if var > (self.SPREAD * mn) ** 2 and cov > 0:
             slope = cov / var  # > 0, so mt - slope * mn < mt
             fixed = mt - slope * mn
             return (fixed, 1 / slope) if fixed >= 0 else (0.0, mn / mt)
         if mt >= 2 * fixed or rate <= 0:
             return fixed, mn / (mt - fixed)  # mt - fixed >= mt / 2 > 0
+        self.timed_rate = False
         return max(mt - mn / rate, 0.0), rate
 
 
@@ -826,6 +834,7 @@ class ChunkedIndex:
         self._calibrated: set = set()  # (rate, points) _calibrate has measured (each once; batches measure them after)
         self._rate_age = {"cpu": 0, "in_place": 0, "gpu": 0}  # point batches since a point batch measured the rate
         self._stale_after = dict.fromkeys(self._rate_age, RATE_STALE)  # the age that calibrates it again
+        self._calibrated_rate: dict[str, float] = {}  # each lookup way's rate as its last point calibration set it
         self.read_in_place: bool | None = None  # an attribute: see the class doc
         self._fault: Any = None  # test hook: called with a stage name, may raise (fault injection)
         self.reset_stats()
@@ -1345,9 +1354,9 @@ class ChunkedIndex:
         fresh and marks it calibrated for this kind of batch, though its slices may be under RATE_QUEUE). Other
         batches never change a point batch's rate (see ``_measured``); the copy rate counts as a point one. Samples
         without time (a clock too coarse) change nothing. A recalibration of a stale point rate sets the way's next
-        wait (RATE_STALE)."""
+        wait (RATE_STALE); a batch that times the rate makes it fresh."""
         recal = reset and points and self._stale(name) and self._by_points(name)
-        old_rate = getattr(self, f"_{name}_rate")
+        timed = False  # whether a batch's (not a calibration's) big samples set the rate, not only the fixed time
         if reset:
             self._calibrated.add((name, points))
             if points and name in self._rate_age:
@@ -1373,6 +1382,13 @@ class ChunkedIndex:
                 if fixed_only:
                     self._fixed_s[name] = sum(t - n / rate0 for n, t in fixed_only) / len(fixed_only)
                     samples = [x for x in samples if x not in fixed_only]
+            elif not reset:
+                # A rate no calibration has set for this kind of batch (its queues were too small to time one)
+                # starts only from samples a calibration could have taken: a take-over of a few queries times
+                # its call, and a rate from it would price the way out of every plan.
+                samples = [(n, t) for n, t in samples if n >= RATE_MIN_SAMPLE]
+                if not samples:
+                    return
             if samples:
                 fit = self._fits[name]
                 if same:
@@ -1384,17 +1400,22 @@ class ChunkedIndex:
                 fixed, rate = fit.solve(self._fixed_s[name] if same else 0.0, rate0 if same else 0.0)
                 setattr(self, attr, rate)
                 self._fixed_s[name] = fixed
+                timed = not reset and fit.timed_rate and any(n >= RATE_QUEUE for n, _ in samples)
         self._measured[name] = "points" if points else "other"
-        if recal:
-            new_rate = getattr(self, f"_{name}_rate")
-            confirmed = old_rate > 0 and max(new_rate / old_rate, old_rate / new_rate) <= RATE_CONFIRM
-            wait = self._stale_after[name]
-            self._stale_after[name] = min(2 * wait, RATE_STALE_MAX) if confirmed else RATE_STALE
-        # A batch's samples that fed the fit timed lookups, so the way is in the plans and its rate fresh; its wait
-        # starts over (a way that falls out of the plans after a batch measured it is checked soon). The fixed-only
-        # samples timed a call, not lookups: a way priced out of every plan still gets the idle CPU's take-overs of
-        # a few leftover queries, which would otherwise hold off its recalibration forever.
-        if points and name in self._rate_age and samples and not reset:
+        if reset and points and name in self._rate_age:
+            # Confirmed: within RATE_CONFIRM of the last calibration (same method, same slices; the batches may
+            # have moved the rate in between, by samples too small to keep it fresh).
+            new_rate, last = getattr(self, attr), self._calibrated_rate.get(name, 0.0)
+            if recal:
+                confirmed = last > 0 and max(new_rate / last, last / new_rate) <= RATE_CONFIRM
+                wait = self._stale_after[name]
+                self._stale_after[name] = min(2 * wait, RATE_STALE_MAX) if confirmed else RATE_STALE
+            self._calibrated_rate[name] = new_rate
+        # Only a batch whose big queues or calls (RATE_QUEUE+) set the rate makes it fresh and starts its wait over (a
+        # way that falls out of the plans after that is checked soon). Smaller samples may time a call more than
+        # lookups, and a rate the fit kept was not measured: a way priced out of every plan still gets the idle CPU's
+        # take-overs and an occasional queue, which would otherwise hold off its recalibration forever.
+        if points and name in self._rate_age and timed:
             self._rate_age[name] = 0
             self._stale_after[name] = RATE_STALE
 
