@@ -23,7 +23,7 @@
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
 #   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
 #                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
-#   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: uniform 2^27
+#   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: six uniform 2^27
 #                                           # batches only, against the in-core index (the planner's CPU share; ~3 min)
 #   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
 #                                           # times, allocations, garbage collections and the merge's stack samples (merge_probe.py)
@@ -127,7 +127,7 @@ case "${1:-}" in
     ;;
   uniform27)
     { header "out of core, uniform 2^27"
-      timeout 500 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 27 --zipf "" --repeats 2 \
+      timeout 500 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 27 --zipf "" --repeats 6 \
         --train-batches 2 --modes chunked,in_core --out "$out/uniform27"  # its own folder: chunked_hot writes the same JSON name
       echo "rc=$?"; } 2>&1 | log "chunked_uniform27_$commit.log"
     ;;
