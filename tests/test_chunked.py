@@ -656,7 +656,7 @@ def test_cost_fit_stays_finite_and_positive():
                 n = base if same else max(1, int(base * rng.uniform(0.5, 1.5)))
                 t = 0.0 if rng.random() < 0.05 else (true_fixed + n / true_rate) * rng.uniform(0.7, 1.3)
                 fit.add(n, t)
-            fixed, rate = fit.solve(fixed, rate)
+            fixed, rate, _ = fit.solve(fixed, rate)
             if fit.w > 0:
                 assert math.isfinite(rate) and rate > 0 and math.isfinite(fixed) and fixed >= 0, trial
 
@@ -766,6 +766,16 @@ def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
     assert index.stats()["last_batch"]["queries_cpu"] > 1000 and index._stale_after["cpu"] == RATE_STALE
 
 
+def _calibration(rate, fixed=1e-4):
+    """A calibration's two timed slices (2^15 and 2^12 lookups) of a way with this rate and fixed time."""
+    return [(n, fixed + n / rate) for n in (1 << 15, 1 << 12)]
+
+
+def _timed_at(rate):
+    """A stand-in for ChunkedIndex._timed: every slice timed by a fixed law (10 us plus its lookups at ``rate``)."""
+    return lambda view, batch, S, t, slices: [(n, 1e-5 + n / rate) for _, n in slices]
+
+
 def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     """A way priced out of every plan still gets the idle CPU's take-overs of a few leftover queries (an H100 run:
     the CPU at 3 M/s, 2-4 queries per uniform 2^27 batch). Such calls time their fixed cost, not lookups: they
@@ -773,7 +783,7 @@ def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
     from torch_rtindex.chunked import RATE_QUEUE, RATE_STALE
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
-    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / 5e6), (1 << 12, 1e-4 + (1 << 12) / 5e6)], True, reset=True)
+    index._learn("cpu", _calibration(5e6), True, reset=True)
     index._rate_age["cpu"] = RATE_STALE - 1
     index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
     assert index._rate_age["cpu"] == RATE_STALE - 1
@@ -793,8 +803,7 @@ def test_a_wrong_rate_is_not_kept_fresh_by_samples_that_do_not_time_it(gen, cali
     keeps the rate. Neither times it: the rate goes stale and is calibrated again."""
     from torch_rtindex.chunked import RATE_STALE
     index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
-    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / calibrated), (1 << 12, 1e-4 + (1 << 12) / calibrated)], True,
-                 reset=True)
+    index._learn("cpu", _calibration(calibrated), True, reset=True)
     stale = []
     for _ in range(2 * RATE_STALE):  # the first batch's fit, with the calibration's samples, may still time it
         index._rate_age["cpu"] += 1  # the point batch's count (_learn_rates)
@@ -821,7 +830,7 @@ def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):
     they pulled a measured CPU rate towards a few M/s within RATE_STALE batches. They refine the fixed time only."""
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
-    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / 5e7), (1 << 12, 1e-4 + (1 << 12) / 5e7)], True, reset=True)
+    index._learn("cpu", _calibration(5e7), True, reset=True)
     assert index._cpu_rate == pytest.approx(5e7, rel=0.01)
     for _ in range(40):
         index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
@@ -853,11 +862,11 @@ def test_the_wait_for_a_recalibration_backs_off_while_it_confirms_the_rate(gen):
     def calibrate(rate):
         index._rate_age["cpu"] = index._stale_after["cpu"]  # stale
         assert index._uncalibrated("cpu", True)
-        index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / rate), (1 << 12, 1e-4 + (1 << 12) / rate)], True, reset=True)
+        index._learn("cpu", _calibration(rate), True, reset=True)
         assert index._rate_age["cpu"] == 0 and index._cpu_rate == pytest.approx(rate)
         return index._stale_after["cpu"]
 
-    index._learn("cpu", [(1 << 15, 1e-4 + (1 << 15) / 5e7), (1 << 12, 1e-4 + (1 << 12) / 5e7)], True, reset=True)
+    index._learn("cpu", _calibration(5e7), True, reset=True)
     assert index._stale_after["cpu"] == RATE_STALE  # a first calibration sets no wait
     waits = [calibrate(5e7 * RATE_CONFIRM ** (i % 2 * 0.9)) for i in range(6)]  # each within RATE_CONFIRM
     assert waits == [min(RATE_STALE << i, RATE_STALE_MAX) for i in range(1, 7)]
@@ -876,7 +885,7 @@ def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen, monkeypa
     from torch_rtindex.chunked import RATE_STALE
     keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
     index.read_in_place = True
-    monkeypatch.setattr(index, "_timed", lambda view, batch, S, t, slices: [(n, 1e-5 + n / 2e7) for _, n in slices])
+    monkeypatch.setattr(index, "_timed", _timed_at(2e7))
 
     def batch():
         return torch.cat([hot[torch.randint(0, hot.numel(), (17000,), generator=gen)],
@@ -917,7 +926,7 @@ def test_a_stale_cache_rate_is_calibrated_again(gen, monkeypatch):
     ref = CgRXIndex(keys)
     calibrations.clear()
     # The calibration times a fixed law: the cache at 1e9 lookups/s (on this CPU index its reads are the CPU's own).
-    monkeypatch.setattr(index, "_timed", lambda view, batch, S, t, slices: [(n, 1e-5 + n / 1e9) for _, n in slices])
+    monkeypatch.setattr(index, "_timed", _timed_at(1e9))
     for i in range(RATE_STALE + 2):
         q = batch()
         priced_out = index._gpu_rate == 1.0

@@ -495,7 +495,6 @@ class _CostFit:
 
     def __init__(self) -> None:
         self.reset()
-        self.timed_rate = False
 
     def reset(self) -> None:
         self.w = self.sn = self.st = self.snn = self.snt = 0.0
@@ -509,23 +508,20 @@ class _CostFit:
             self.w, self.sn, self.st = self.w + 1, self.sn + n, self.st + t
             self.snn, self.snt = self.snn + n * n, self.snt + n * t
 
-    def solve(self, fixed: float, rate: float) -> tuple[float, float]:
-        """(fixed seconds, lookups/s) from the samples, given the current ones (rate 0: none yet). Afterwards
-        ``timed_rate`` says whether the samples set the rate (False: they refined the fixed time, the rate kept)."""
-        self.timed_rate = False
+    def solve(self, fixed: float, rate: float) -> tuple[float, float, bool]:
+        """(fixed seconds, lookups/s, whether the samples set the rate) from the samples, given the current ones
+        (rate 0: none yet); False: they refined the fixed time only, the rate kept."""
         if self.w <= 0 or self.st <= 0:
-            return fixed, rate
+            return fixed, rate, False
         mn, mt = self.sn / self.w, self.st / self.w
         var, cov = max(self.snn / self.w - mn * mn, 0.0), self.snt / self.w - mn * mt
-        self.timed_rate = True
         if var > (self.SPREAD * mn) ** 2 and cov > 0:
             slope = cov / var  # > 0, so mt - slope * mn < mt
             fixed = mt - slope * mn
-            return (fixed, 1 / slope) if fixed >= 0 else (0.0, mn / mt)
+            return (fixed, 1 / slope, True) if fixed >= 0 else (0.0, mn / mt, True)
         if mt >= 2 * fixed or rate <= 0:
-            return fixed, mn / (mt - fixed)  # mt - fixed >= mt / 2 > 0
-        self.timed_rate = False
-        return max(mt - mn / rate, 0.0), rate
+            return fixed, mn / (mt - fixed), True  # mt - fixed >= mt / 2 > 0
+        return max(mt - mn / rate, 0.0), rate, False
 
 
 def _balance(forced: list[_Task], free: list[_Task], rates: Rates) -> tuple[list[_Task], list[_Task]]:
@@ -1397,10 +1393,10 @@ class ChunkedIndex:
                     fit.reset()
                 for n, t in samples:
                     fit.add(n, t)
-                fixed, rate = fit.solve(self._fixed_s[name] if same else 0.0, rate0 if same else 0.0)
+                fixed, rate, set_rate = fit.solve(self._fixed_s[name] if same else 0.0, rate0 if same else 0.0)
                 setattr(self, attr, rate)
                 self._fixed_s[name] = fixed
-                timed = not reset and fit.timed_rate and any(n >= RATE_QUEUE for n, _ in samples)
+                timed = not reset and set_rate and any(n >= RATE_QUEUE for n, _ in samples)
         self._measured[name] = "points" if points else "other"
         if reset and points and name in self._rate_age:
             # Confirmed: within RATE_CONFIRM of the last calibration (same method, same slices; the batches may
@@ -1964,9 +1960,9 @@ class ChunkedIndex:
     def _learn_rates(self, batch: "_Batch") -> None:
         """Updates the rates the planner uses from what the batch measured (:meth:`_learn`)."""
         if batch.points:
+            on = {"cpu": True, "in_place": self._in_place_on(), "gpu": self._cache is not None}
             for name in self._rate_age:
-                # A way that is off has no calibration to trigger.
-                if {"in_place": self._in_place_on(), "gpu": self._cache is not None}.get(name, True):
+                if on[name]:  # a way that is off has no calibration to trigger
                     self._rate_age[name] += 1
         # Lookups over seconds of small calls or queues is mostly their fixed cost: a rate taken so from a batch of
         # tiny queues once priced in-place reads (and the CPU) out of every later batch. Hence the fit of a fixed
