@@ -175,7 +175,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|uniform27|merge|updates|sharded|scaling|bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|pipeline|uniform27|merge|updates|sharded|scaling|bound" >&2
     exit 2
     ;;
 esac

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,7 +40,7 @@ def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int) -> tuple[torch.T
     parts = []
     if cuda:
         side.wait_stream(cur)
-    with torch.cuda.stream(side) if cuda else _nullcontext():
+    with torch.cuda.stream(side) if cuda else nullcontext():
         for a, b in bounds:
             _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
             ev = None
@@ -65,14 +66,6 @@ def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int) -> tuple[torch.T
         first[a:b] = f
         count[a:b] = c
     return first, count, tier_first_s
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> None:
