@@ -4,6 +4,7 @@ save / open with lazy, checked chunk files; faults that must leave the index unc
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -21,8 +22,8 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, ChunkCache, Rates, _align, _Batch, _Chunk,
-                                   _Scheduler, _Task, plan)
+from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, ChunkCache, Rates, _align,
+                                   _Batch, _Chunk, _Scheduler, _search_bytes, _Task, plan)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -460,18 +461,24 @@ def test_splitter_range_build_equals_one_sort(gen, monkeypatch):
     assert torch.equal(a.rows, b.rows)
 
 
-def test_cache_policy_demand_then_heat_then_lru():
-    def chunk(nbytes, heat):
-        c = _Chunk(0, 1, 0, 0, 0, [], nbytes, None)
-        c.heat = heat
-        return c
+def _cache_chunk(nbytes, heat=0.0):
+    c = _Chunk(0, 1, 0, 0, 0, [], nbytes, None)
+    c.heat = heat
+    return c
 
+
+def _entry(chunk, off):
+    return type("E", (), {"off": off, "last_use": None, "ready": None, "tick": 0, "chunk": chunk})()
+
+
+def test_cache_policy_demand_then_heat_then_lru():
+    chunk = _cache_chunk
     cache = ChunkCache(4 * 256, torch.device("cpu"))
     a, b, c, d = chunk(256, 5.0), chunk(256, 1.0), chunk(256, 1.0), chunk(256, 0.0)
     for x in (a, b, c, d):
         off, evicted = cache.make_room(x, {})
         assert evicted == 0
-        cache.entries[x] = type("E", (), {"off": off, "last_use": None, "tick": 0, "chunk": x})()
+        cache.entries[x] = _entry(x, off)
     cache.entries[b].tick, cache.entries[c].tick, cache.entries[d].tick = 3, 2, 1
     # pending demand first: d is needed by this batch, the rest are not
     assert cache.victim_order({d: 10}) == [c, b, a, d]  # then heat (b, c: 1.0 < a: 5.0), then LRU (c before b)
@@ -481,6 +488,29 @@ def test_cache_policy_demand_then_heat_then_lru():
     cache.policy = "lru"
     assert cache.victim_order({d: 10})[0] in (a, d)
     assert cache.make_room(chunk(4096, 0.0), {}) == (None, 0)  # larger than the budget: never cached
+
+
+def test_the_cache_lends_its_spare_top_to_chunks_until_slots_need_it():
+    """The arena is budget + spare bytes: chunks fill it from the bottom, the spare part too while no slot is
+    carved from the top; carving a slot there evicts the chunks that overlap it (by the policy), never one below
+    the budget, and a chunk up to the budget always fits below the carved slots."""
+    cache = ChunkCache(4 * 256, torch.device("cpu"), spare=2 * 256)
+    assert cache.arena.budget == 6 * 256
+    chunks = [_cache_chunk(256, heat) for heat in (6.0, 5.0, 4.0, 3.0, 2.0, 1.0)]
+    for i, x in enumerate(chunks):  # six chunks: the spare part holds two of them
+        assert cache.make_room(x, {}) == (i * 256, 0)
+        cache.entries[x] = _entry(x, i * 256)
+    off = cache.place_top(100)  # an aligned slot at the very top: the chunk there (the coolest) is evicted
+    assert off == 6 * 256 - 256 and set(cache.entries) == set(chunks[:5])
+    off2 = cache.place_top(256)  # no room left above the budget but the fifth chunk's slot
+    assert off2 == 4 * 256 and set(cache.entries) == set(chunks[:4])
+    assert cache.place_top(256) is None  # the spare part is full of slots: nothing below the budget is evicted
+    assert set(cache.entries) == set(chunks[:4])
+    cache.clear()
+    big = _cache_chunk(4 * 256)  # a chunk of the whole budget still fits below the slots
+    assert cache.make_room(big, {}) == (0, 0)
+    cache.arena.release(off2, 256, None)  # a slot given back is room for chunks again
+    assert cache.arena.alloc(256) == off2
 
 
 def _task(size, resident=False, fits=True, nbytes=256):
@@ -1542,6 +1572,50 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0)._search_budget == 0
     check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
     assert tight.memory()["search"] == 0
+
+
+def _arena_accounted(index):
+    """Every arena byte is free, a cached chunk's slot or a search part's."""
+    gc.collect()
+    cache = index._cache
+    free = sum(size for _, size in cache.arena.free)
+    return free + cache.used() + index._search_resident() == cache.arena.budget
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_search_parts_take_the_cache_top_back_from_chunks(gen):
+    """The search parts' reservation is the arena's top: chunks fill it while no search part is made; each
+    chunk's first in-place read carves its search part there, evicting the chunks in the way (never below the
+    cache's budget); answers stay right through copies and in-place reads, and an update's changed chunks give
+    their slots back."""
+    keys = int64_keys("uniform", 4000, gen)
+    probe = chunked(keys, "cpu", hot_keys=0)
+    largest = max(_align(c.nbytes) for c in probe._chunks)
+    search = int(sum(_search_bytes(c.specs) for c in probe._chunks) * SEARCH_SLACK)
+    index = chunked(keys, "cuda", gpu_budget=3 * largest + search, critical_mass=1, hot_keys=0)
+    cache = index._cache
+    assert index._search_budget == search and cache.spare == search and cache.budget == 3 * largest
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # every queue copied in: chunks fill the arena
+    assert any(e.off + _align(c.nbytes) > cache.budget for c, e in cache.entries.items())
+    for c in index._chunks:  # each chunk's search part, as its first in-place read makes it
+        assert index._in_place_view(c).resident == _search_bytes(c.specs)
+    assert index.memory()["search"] == sum(_search_bytes(c.specs) for c in index._chunks)
+    base = cache.arena.buf.data_ptr()
+    parts = [(c.mapped_view.index._reps.data_ptr(), c.mapped_view.index._table.data_ptr()) for c in index._chunks]
+    assert all(base + cache.budget <= p < base + cache.arena.budget for pair in parts for p in pair)
+    assert all(e.off + _align(c.nbytes) <= min(p for pair in parts for p in pair) - base
+               for c, e in cache.entries.items())  # no chunk left overlapping a search part
+    assert _arena_accounted(index)
+    assert index.memory()["cache"] + index.memory()["search"] + index.memory()["hot"] <= index.gpu_budget
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # copies below the search parts
+    index.critical_mass, index.processors = None, "zero_copy"
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # in-place reads through them
+    before = index.memory()["search"]
+    index.insert((keys[:40] + 1).cuda(), torch.arange(4000, 4040, device="cuda"))  # rebuilds the chunks it lands in: their views go
+    assert index.memory()["search"] < before and _arena_accounted(index)
+    ref = Reference(torch.cat([keys, keys[:40] + 1]), "int64")
+    q = point_queries(keys, 500, gen)
+    check_lookup(index.lookup(q.cuda()), *ref.points(q)[:2])
 
 
 def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):

@@ -108,6 +108,7 @@ import os
 import shutil
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -204,8 +205,8 @@ def _views(buf: torch.Tensor, specs: list[list]) -> dict[str, torch.Tensor]:
 
 
 def _search_bytes(specs: list[list]) -> int:
-    """Bytes of a chunk's search part (SEARCH_PARTS) as GPU tensors."""
-    return sum(numel * torch.empty(0, dtype=_DTYPES[dtype]).element_size()
+    """Bytes of a chunk's search part (SEARCH_PARTS) kept on the GPU, each part in a slot of aligned size."""
+    return sum(_align(numel * torch.empty(0, dtype=_DTYPES[dtype]).element_size())
                for name, dtype, numel, _ in specs if name in SEARCH_PARTS)
 
 
@@ -299,6 +300,14 @@ class _View:
 
 
 # ------------------------------------------------------------------------------------------------ the cache
+def _release_search(arena: "_Arena", off: int, size: int) -> None:
+    """A dropped view's search-part slot back to the arena, once no lookup reads it (views are dropped by updates,
+    rarely: a device-wide wait is simpler than tracking the streams that read it)."""
+    if arena.buf is not None and arena.buf.is_cuda:
+        torch.cuda.synchronize(arena.device)
+    arena.release(off, size, None)
+
+
 class _Arena:
     """The cache's memory: one allocation of ``budget`` bytes, carved into chunk slots (first fit, coalescing).
     Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
@@ -330,6 +339,21 @@ class _Arena:
                 else:
                     self.free[i] = (off + size, length - size)
                 return off
+        return None
+
+    def alloc_top(self, size: int, lowest: int) -> int | None:
+        """A slot of ``size`` bytes at or above offset ``lowest``, carved from the top of the highest free space
+        that holds it (chunks fill from the bottom, so the two kinds of slot stay apart)."""
+        size = _align(size)
+        for i in range(len(self.free) - 1, -1, -1):
+            off, length = self.free[i]
+            start = off + length - size
+            if start >= max(off, lowest):
+                if start == off:
+                    del self.free[i]
+                else:
+                    self.free[i] = (off, length - size)
+                return start
         return None
 
     def release(self, off: int, size: int, event: Any) -> None:
@@ -368,11 +392,15 @@ class ChunkCache:
     Eviction (``policy="demand"``, the default): the chunk with the least demand still pending in the current
     batch, then the least heat (its queue sizes over past batches, exponentially averaged), then the least
     recently used; ``policy="lru"``: least recently used only. A chunk larger than the budget is never cached
-    (its queues go to the CPU)."""
+    (its queues go to the CPU).
 
-    def __init__(self, budget: int, device: torch.device, policy: str = "demand") -> None:
-        self.budget, self.device, self.policy = budget, device, policy
-        self.arena = _Arena(budget, device)
+    ``spare`` bytes above the budget are shared with slots that :meth:`place_top` carves from the arena's top
+    (the index's search parts): chunks use them while those do not, and are evicted from them when they need
+    the room. The arena is ``budget + spare`` bytes; a chunk up to ``budget`` always fits below the shared part."""
+
+    def __init__(self, budget: int, device: torch.device, policy: str = "demand", spare: int = 0) -> None:
+        self.budget, self.device, self.policy, self.spare = budget, device, policy, spare
+        self.arena = _Arena(budget + spare, device)
         self.entries: dict[_Chunk, _Entry] = {}
         self.tick = 0
 
@@ -392,7 +420,21 @@ class ChunkCache:
 
     def evict(self, chunk: _Chunk) -> None:
         e = self.entries.pop(chunk)
-        self.arena.release(e.off, chunk.nbytes, e.last_use)
+        # A slot copied into but not yet read is free once its copy is done (its reader may be another stream).
+        self.arena.release(e.off, chunk.nbytes, e.last_use if e.last_use is not None else e.ready)
+
+    def place_top(self, size: int) -> int | None:
+        """A slot of ``size`` bytes in the shared part (above the budget), evicting the chunks that overlap it
+        (by the policy, without a batch's demand) until one fits; None if the part cannot hold it. Write it only
+        after the last uses of what it overlaps (``arena.events_over``)."""
+        off = self.arena.alloc_top(size, self.budget)
+        while off is None:
+            over = [c for c, e in self.entries.items() if e.off + _align(c.nbytes) > self.budget]
+            if not over:
+                return None
+            self.evict(next(c for c in self.victim_order({}) if c in over))
+            off = self.arena.alloc_top(size, self.budget)
+        return off
 
     def make_room(self, chunk: _Chunk, demand: dict[_Chunk, int]) -> tuple[int | None, int]:
         """A slot for ``chunk`` (evicting by the policy as needed) and how many chunks were evicted; None if it
@@ -868,7 +910,8 @@ class ChunkedIndex:
                 search = 0
         self._search_budget = search
         arena = rest - search
-        self._cache = ChunkCache(arena, self.device, self._eviction) if arena > 0 else None
+        # The search parts' reservation is the arena's top: chunks use it until search parts need it.
+        self._cache = ChunkCache(arena, self.device, self._eviction, spare=search) if arena > 0 else None
 
     def _pair_bytes(self) -> int:
         """Bytes of one sorted (key, row) pair in the index's layout (csrc/cgrx/cgrx_core.h)."""
@@ -1073,16 +1116,31 @@ class ChunkedIndex:
     def _search_resident(self) -> int:
         return sum(c.mapped_view.resident for c in self._chunks if c.mapped_view is not None)
 
-    def _resident_search(self, chunk: _Chunk, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies of the chunk's search part (from its mapped blob) in GPU memory, if the reservation has room;
-        else none (the view reads them over PCIe too). Out of memory here is no error: the view reads in place."""
+    def _resident_search(self, chunk: _Chunk, parts: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+        """Copies of the chunk's search part (from its mapped blob) in the cache's arena, carved from its top
+        (evicting cached chunks there), and that slot's offset; if the reservation has no room, none (the view
+        reads them over PCIe too) and -1. Out of memory here is no error: the view reads in place."""
         need = _search_bytes(chunk.specs)
-        if self._search_resident() + need > self._search_budget:
-            return {}
+        cache = self._cache
+        if cache is None or self._search_resident() + need > self._search_budget:
+            return {}, -1
         try:
-            return {name: parts[name].clone() for name in SEARCH_PARTS}
+            buf = self._arena()
         except torch.OutOfMemoryError:
-            return {}
+            return {}, -1
+        off = cache.place_top(need)
+        if off is None:
+            return {}, -1
+        stream = torch.cuda.current_stream(self.device)
+        for ev in cache.arena.events_over(off, _align(need)):
+            stream.wait_event(ev)  # the evicted chunks' last lookups (or copies) are done with the slot
+        kept, at = {}, off
+        for name in SEARCH_PARTS:  # each part at an aligned offset, as an allocation of its own would be
+            src = parts[name]
+            kept[name] = buf[at : at + src.nbytes].view(src.dtype)
+            kept[name].copy_(src)
+            at += _align(src.nbytes)
+        return kept, off
 
     def _host_view(self, chunk: _Chunk) -> _View:
         """The chunk's structure over its host blob (made once; an in-place update of a node chunk drops it)."""
@@ -1093,9 +1151,16 @@ class ChunkedIndex:
 
     def _view(self, chunk: _Chunk, buf: torch.Tensor, resident: bool = False) -> _View:
         t = _views(buf, chunk.specs)
-        kept = self._resident_search(chunk, t) if resident else {}
+        kept, slot = self._resident_search(chunk, t) if resident else ({}, -1)
         t.update(kept)
-        nbytes = sum(v.nbytes for v in kept.values())
+        nbytes = sum(_align(v.nbytes) for v in kept.values())
+        view = self._chunk_view(chunk, t, nbytes)
+        if slot >= 0:  # the slot goes back to the arena with the view (an update drops a changed chunk's views)
+            arena = self._cache.arena
+            weakref.finalize(view, _release_search, arena, slot, nbytes).atexit = False
+        return view
+
+    def _chunk_view(self, chunk: _Chunk, t: dict[str, torch.Tensor], nbytes: int) -> _View:
         span = None if chunk.kmin is None else (chunk.kmin, chunk.kmax)
         if chunk.kind == "nodes":  # looked up as UpdatableCgRXIndex does: layout "nodes" over the node region
             index = UpdatableCgRXIndex._from_structure(
@@ -1267,7 +1332,7 @@ class ChunkedIndex:
         if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
             self._calibrate_gpu("in_place", self._in_place_view(t.chunk), batch, t)
         cache = self._cache
-        resident = [r for r in tasks if r.resident]
+        resident = [r for r in tasks if r.resident and r.chunk in cache]  # (the in-place view may have evicted it)
         if cache is not None and resident and self._uncalibrated("gpu", points):
             r = max(resident, key=lambda r: r.size)
             if r.size >= self._slice_min("gpu", RATE_QUEUE):  # smaller cached queues time the host's issue
@@ -1285,7 +1350,7 @@ class ChunkedIndex:
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
             size = min(host.numel(), cache.budget, 64 << 20)
-            buf = cache.arena.storage()
+            buf = self._arena()
             if self.device.type == "cuda":
                 stream = torch.cuda.current_stream(self.device)
                 for ev in cache.arena.events_over(0, _align(size)):
@@ -1826,15 +1891,22 @@ class ChunkedIndex:
             for ev in inflight:
                 ev.synchronize()
 
+    def _arena(self) -> torch.Tensor:
+        """The cache's arena, allocated on first use (on the current stream, which the copy stream then follows)."""
+        fresh = self._cache.arena.buf is None
+        buf = self._cache.arena.storage()
+        if fresh and self.device.type == "cuda":
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(self.device)
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        return buf
+
     def _copy_in(self, chunk: _Chunk, demand: dict, batch: "_Batch") -> _Entry:
         """Places ``chunk`` in the cache: a slot (evicting by the policy), then the copy on the copy stream, after
         the last lookups that read the slot's space."""
         cache = self._cache
         host = self._host(chunk)
-        fresh = cache.arena.buf is None
-        buf = cache.arena.storage()
-        if fresh and self.device.type == "cuda":
-            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # the arena was made on compute
+        buf = self._arena()
         off, evicted = cache.make_room(chunk, demand)
         if off is None:
             raise RuntimeError(f"ChunkedIndex: chunk of {chunk.nbytes} bytes does not fit gpu_budget={cache.budget}")
@@ -2436,7 +2508,8 @@ class ChunkedIndex:
         return {
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
-            "cache": 0 if self._cache is None or self._cache.arena.buf is None else self._cache.budget,
+            "cache": 0 if self._cache is None or self._cache.arena.buf is None
+            else self._cache.arena.budget - self._search_resident(),
             "hot": self._hot_bytes(),
             "search": self._search_resident(),
         }
