@@ -467,8 +467,9 @@ def _cache_chunk(nbytes, heat=0.0):
     return c
 
 
-def _entry(chunk, off):
-    return type("E", (), {"off": off, "last_use": None, "ready": None, "tick": 0, "chunk": chunk})()
+def _entry(chunk, slot):
+    arena, off = slot
+    return type("E", (), {"arena": arena, "off": off, "last_use": None, "ready": None, "tick": 0, "chunk": chunk})()
 
 
 def test_cache_policy_demand_then_heat_then_lru():
@@ -476,41 +477,46 @@ def test_cache_policy_demand_then_heat_then_lru():
     cache = ChunkCache(4 * 256, torch.device("cpu"))
     a, b, c, d = chunk(256, 5.0), chunk(256, 1.0), chunk(256, 1.0), chunk(256, 0.0)
     for x in (a, b, c, d):
-        off, evicted = cache.make_room(x, {})
+        slot, evicted = cache.make_room(x, {})
         assert evicted == 0
-        cache.entries[x] = _entry(x, off)
+        cache.entries[x] = _entry(x, slot)
     cache.entries[b].tick, cache.entries[c].tick, cache.entries[d].tick = 3, 2, 1
     # pending demand first: d is needed by this batch, the rest are not
     assert cache.victim_order({d: 10}) == [c, b, a, d]  # then heat (b, c: 1.0 < a: 5.0), then LRU (c before b)
     new = chunk(512, 0.0)
-    off, evicted = cache.make_room(new, {d: 10})
-    assert off is not None and evicted == 2 and set(cache.entries) == {a, d}  # c, b evicted, freed space coalesced
+    slot, evicted = cache.make_room(new, {d: 10})
+    assert slot is not None and evicted == 2 and set(cache.entries) == {a, d}  # c, b evicted, freed space coalesced
     cache.policy = "lru"
     assert cache.victim_order({d: 10})[0] in (a, d)
     assert cache.make_room(chunk(4096, 0.0), {}) == (None, 0)  # larger than the budget: never cached
 
 
-def test_the_cache_lends_its_spare_top_to_chunks_until_slots_need_it():
-    """The arena is budget + spare bytes: chunks fill it from the bottom, the spare part too while no slot is
-    carved from the top; carving a slot there evicts the chunks that overlap it (by the policy), never one below
-    the budget, and a chunk up to the budget always fits below the carved slots."""
+def test_the_cache_lends_its_shared_slab_to_chunks_until_slots_need_it():
+    """With ``spare``, the cache has a second slab: chunks fill the first, then the second while no slot is
+    carved from it; carving a slot there (top first) evicts chunks from it (by the policy), never from the first,
+    and a chunk of the whole budget always fits the first. A dropped view's slot comes back at the next use."""
     cache = ChunkCache(4 * 256, torch.device("cpu"), spare=2 * 256)
-    assert cache.arena.budget == 6 * 256
+    main, shared = cache.arena, cache.shared
+    assert (main.budget, shared.budget, cache.allocated()) == (4 * 256, 2 * 256, 0)
     chunks = [_cache_chunk(256, heat) for heat in (6.0, 5.0, 4.0, 3.0, 2.0, 1.0)]
-    for i, x in enumerate(chunks):  # six chunks: the spare part holds two of them
-        assert cache.make_room(x, {}) == (i * 256, 0)
-        cache.entries[x] = _entry(x, i * 256)
-    off = cache.place_top(100)  # an aligned slot at the very top: the chunk there (the coolest) is evicted
-    assert off == 6 * 256 - 256 and set(cache.entries) == set(chunks[:5])
-    off2 = cache.place_top(256)  # no room left above the budget but the fifth chunk's slot
-    assert off2 == 4 * 256 and set(cache.entries) == set(chunks[:4])
-    assert cache.place_top(256) is None  # the spare part is full of slots: nothing below the budget is evicted
+    want = [(main, i * 256) for i in range(4)] + [(shared, 0), (shared, 256)]
+    for x, slot in zip(chunks, want):  # six chunks: the shared slab holds two of them
+        assert cache.make_room(x, {}) == (slot, 0)
+        cache.entries[x] = _entry(x, slot)
+    assert cache.place_top(100) == 256  # an aligned slot at the top: the coolest chunk there is evicted
+    assert set(cache.entries) == set(chunks[:5])
+    assert cache.place_top(256) == 0 and set(cache.entries) == set(chunks[:4])
+    assert cache.place_top(256) is None  # the slab is all slots: nothing in the first slab is evicted
     assert set(cache.entries) == set(chunks[:4])
+    cache.evict(chunks[0])
+    y = _cache_chunk(256)
+    assert cache.make_room(y, {}) == ((main, 0), 0)  # chunks go to the first slab's room
+    cache.entries[y] = _entry(y, (main, 0))
     cache.clear()
-    big = _cache_chunk(4 * 256)  # a chunk of the whole budget still fits below the slots
-    assert cache.make_room(big, {}) == (0, 0)
-    cache.arena.release(off2, 256, None)  # a slot given back is room for chunks again
-    assert cache.arena.alloc(256) == off2
+    assert cache.make_room(_cache_chunk(4 * 256), {}) == ((main, 0), 0)  # a chunk of the whole budget fits
+    shared.dropped.append((0, 256))  # a dropped view's slot (as _release_search queues it)
+    assert cache.make_room(_cache_chunk(256), {}) == ((shared, 0), 0)
+    assert not shared.dropped
 
 
 def _task(size, resident=False, fits=True, nbytes=256):
@@ -1546,6 +1552,7 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert index._search_budget > 0 and index.memory()["search"] == 0
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=300)
     assert 0 < index.memory()["search"] <= index._search_budget
+    assert index._cache.arena.buf is None  # reading in place only: the chunks' slab is never allocated
     assert index.memory()["search"] + index._cache.budget + index.memory()["hot"] <= index.gpu_budget
     for c in index._chunks:  # a view made by an in-place read: its search part is not in the pinned blob
         if c.mapped_view is not None and c.mapped_view.resident:
@@ -1575,18 +1582,20 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
 
 
 def _arena_accounted(index):
-    """Every arena byte is free, a cached chunk's slot or a search part's."""
+    """Every byte of the cache's slabs is free, a cached chunk's slot or a search part's."""
     gc.collect()
     cache = index._cache
-    free = sum(size for _, size in cache.arena.free)
-    return free + cache.used() + index._search_resident() == cache.arena.budget
+    for arena in cache.arenas:
+        arena.reclaim()
+    free = sum(size for arena in cache.arenas for _, size in arena.free)
+    return free + cache.used() + index._search_resident() == sum(arena.budget for arena in cache.arenas)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_search_parts_take_the_cache_top_back_from_chunks(gen):
-    """The search parts' reservation is the arena's top: chunks fill it while no search part is made; each
-    chunk's first in-place read carves its search part there, evicting the chunks in the way (never below the
-    cache's budget); answers stay right through copies and in-place reads, and an update's changed chunks give
+def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
+    """The search parts' reservation is the cache's second slab: chunks fill it while no search part is made;
+    each chunk's first in-place read carves its search part there, evicting the chunks in the way (never one in
+    the first slab); answers stay right through copies and in-place reads, and an update's changed chunks give
     their slots back."""
     keys = int64_keys("uniform", 4000, gen)
     probe = chunked(keys, "cpu", hot_keys=0)
@@ -1594,28 +1603,31 @@ def test_search_parts_take_the_cache_top_back_from_chunks(gen):
     search = int(sum(_search_bytes(c.specs) for c in probe._chunks) * SEARCH_SLACK)
     index = chunked(keys, "cuda", gpu_budget=3 * largest + search, critical_mass=1, hot_keys=0)
     cache = index._cache
-    assert index._search_budget == search and cache.spare == search and cache.budget == 3 * largest
-    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # every queue copied in: chunks fill the arena
-    assert any(e.off + _align(c.nbytes) > cache.budget for c, e in cache.entries.items())
-    for c in index._chunks:  # each chunk's search part, as its first in-place read makes it
-        assert index._in_place_view(c).resident == _search_bytes(c.specs)
+    assert index._search_budget == search and cache.shared.budget == search and cache.budget == 3 * largest
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # every queue copied in: chunks fill both slabs
+    assert any(e.arena is cache.shared for e in cache.entries.values())
+    in_first = {c for c, e in cache.entries.items() if e.arena is cache.arena}
+    assert all(index._in_place_view(c).resident == _search_bytes(c.specs) for c in index._chunks)
     assert index.memory()["search"] == sum(_search_bytes(c.specs) for c in index._chunks)
-    base = cache.arena.buf.data_ptr()
-    parts = [(c.mapped_view.index._reps.data_ptr(), c.mapped_view.index._table.data_ptr()) for c in index._chunks]
-    assert all(base + cache.budget <= p < base + cache.arena.budget for pair in parts for p in pair)
-    assert all(e.off + _align(c.nbytes) <= min(p for pair in parts for p in pair) - base
-               for c, e in cache.entries.items())  # no chunk left overlapping a search part
+    assert in_first <= set(cache.entries)  # the first slab's chunks stayed
+    base = cache.shared.buf.data_ptr()
+    parts = [p for c in index._chunks for p in (c.mapped_view.index._reps.data_ptr(),
+                                                 c.mapped_view.index._table.data_ptr())]
+    assert all(base <= p < base + cache.shared.budget for p in parts)
+    assert not any(base + e.off <= p < base + e.off + _align(c.nbytes)
+                   for c, e in cache.entries.items() if e.arena is cache.shared for p in parts)
     assert _arena_accounted(index)
     assert index.memory()["cache"] + index.memory()["search"] + index.memory()["hot"] <= index.gpu_budget
-    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # copies below the search parts
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # copies beside the search parts
     index.critical_mass, index.processors = None, "zero_copy"
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # in-place reads through them
     before = index.memory()["search"]
-    index.insert((keys[:40] + 1).cuda(), torch.arange(4000, 4040, device="cuda"))  # rebuilds the chunks it lands in: their views go
+    index.insert((keys[:40] + 1).cuda(), torch.arange(4000, 4040, device="cuda"))  # its chunks' views go
     assert index.memory()["search"] < before and _arena_accounted(index)
     ref = Reference(torch.cat([keys, keys[:40] + 1]), "int64")
     q = point_queries(keys, 500, gen)
     check_lookup(index.lookup(q.cuda()), *ref.points(q)[:2])
+    assert index.memory()["search"] > 0 and _arena_accounted(index)
 
 
 def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):

@@ -29,7 +29,9 @@ representatives and radix table, about 0.6 bytes per key) in GPU memory, made on
 that only the pairs (and a row map, where there is one) are read over PCIe; their reservation (all chunks' search
 parts and a quarter more for updates) comes out of ``gpu_budget`` where the rest still holds two chunks and the
 index is built or opened with ``processors`` ``"auto"`` or ``"zero_copy"`` (the reservation stays if they change
-later); chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. Queues
+later); chunks beyond it (updates that grew the keys past the quarter) read their search part in place too. The
+reservation is a second slab of the cache (:class:`ChunkCache`): until search parts need its room, cached chunks
+use it (batches that copy every chunk make no search part). Queues
 go, in order of CPU cost over GPU cost, to the processor whose projected finish with the queue is earlier, then
 single queues move off the processor that ends last while that ends the batch sooner: a greedy makespan balance, so
 the CPU never keeps a queue the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The
@@ -301,11 +303,9 @@ class _View:
 
 # ------------------------------------------------------------------------------------------------ the cache
 def _release_search(arena: "_Arena", off: int, size: int) -> None:
-    """A dropped view's search-part slot back to the arena, once no lookup reads it (views are dropped by updates,
-    rarely: a device-wide wait is simpler than tracking the streams that read it)."""
-    if arena.buf is not None and arena.buf.is_cuda:
-        torch.cuda.synchronize(arena.device)
-    arena.release(off, size, None)
+    """A dropped view's search-part slot, queued for its arena (a finalizer: it may run on any thread, in the
+    middle of an arena operation, so the arena's user takes it back: :meth:`_Arena.reclaim`)."""
+    arena.dropped.append((off, size))
 
 
 class _Arena:
@@ -318,6 +318,7 @@ class _Arena:
         self.buf: torch.Tensor | None = None
         self.free = [(0, budget)]
         self.retired: list[tuple[int, int, Any]] = []  # (offset, size, last-use event) of evicted slots
+        self.dropped: deque = deque()  # (offset, size) of dropped views' slots (_release_search)
 
     def storage(self) -> torch.Tensor:
         if self.buf is None:
@@ -330,7 +331,17 @@ class _Arena:
                 ) from e
         return self.buf
 
+    def reclaim(self) -> None:
+        """Frees the slots of dropped views, once the device is done with them (views are dropped by updates,
+        rarely: a device-wide wait is simpler than tracking the streams that read them)."""
+        if self.dropped:
+            if self.buf is not None and self.buf.is_cuda:
+                torch.cuda.synchronize(self.device)
+            while self.dropped:
+                self.release(*self.dropped.popleft(), None)
+
     def alloc(self, size: int) -> int | None:
+        self.reclaim()
         size = _align(size)
         for i, (off, length) in enumerate(self.free):
             if length >= size:
@@ -341,14 +352,15 @@ class _Arena:
                 return off
         return None
 
-    def alloc_top(self, size: int, lowest: int) -> int | None:
-        """A slot of ``size`` bytes at or above offset ``lowest``, carved from the top of the highest free space
-        that holds it (chunks fill from the bottom, so the two kinds of slot stay apart)."""
+    def alloc_top(self, size: int) -> int | None:
+        """A slot of ``size`` bytes carved from the top of the highest free space that holds it (chunks fill
+        from the bottom, so the two kinds of slot stay apart)."""
+        self.reclaim()
         size = _align(size)
         for i in range(len(self.free) - 1, -1, -1):
             off, length = self.free[i]
             start = off + length - size
-            if start >= max(off, lowest):
+            if start >= off:
                 if start == off:
                     del self.free[i]
                 else:
@@ -379,6 +391,7 @@ class _Arena:
 @dataclass
 class _Entry:
     chunk: _Chunk
+    arena: _Arena  # the slab its slot is in
     off: int
     view: _View
     ready: Any = None  # event: the copy into the slot is done
@@ -394,13 +407,16 @@ class ChunkCache:
     recently used; ``policy="lru"``: least recently used only. A chunk larger than the budget is never cached
     (its queues go to the CPU).
 
-    ``spare`` bytes above the budget are shared with slots that :meth:`place_top` carves from the arena's top
-    (the index's search parts): chunks use them while those do not, and are evicted from them when they need
-    the room. The arena is ``budget + spare`` bytes; a chunk up to ``budget`` always fits below the shared part."""
+    Its memory is a slab (``arena``) of ``budget`` bytes and, with ``spare``, a second one (``shared``) whose
+    room :meth:`place_top` carves slots from, top first, for the index's search parts: chunks use it too while
+    those do not need the room, and are evicted from it when they do. A chunk up to ``budget`` always fits the
+    first. Each slab is allocated on first use."""
 
     def __init__(self, budget: int, device: torch.device, policy: str = "demand", spare: int = 0) -> None:
         self.budget, self.device, self.policy, self.spare = budget, device, policy, spare
-        self.arena = _Arena(budget + spare, device)
+        self.arena = _Arena(budget, device)
+        self.shared = _Arena(spare, device) if spare > 0 else None
+        self.arenas = [self.arena] + ([self.shared] if self.shared is not None else [])
         self.entries: dict[_Chunk, _Entry] = {}
         self.tick = 0
 
@@ -421,33 +437,46 @@ class ChunkCache:
     def evict(self, chunk: _Chunk) -> None:
         e = self.entries.pop(chunk)
         # A slot copied into but not yet read is free once its copy is done (its reader may be another stream).
-        self.arena.release(e.off, chunk.nbytes, e.last_use if e.last_use is not None else e.ready)
+        e.arena.release(e.off, chunk.nbytes, e.last_use if e.last_use is not None else e.ready)
 
     def place_top(self, size: int) -> int | None:
-        """A slot of ``size`` bytes in the shared part (above the budget), evicting the chunks that overlap it
-        (by the policy, without a batch's demand) until one fits; None if the part cannot hold it. Write it only
-        after the last uses of what it overlaps (``arena.events_over``)."""
-        off = self.arena.alloc_top(size, self.budget)
+        """A slot of ``size`` bytes in the shared slab, evicting chunks there (by the policy, without a batch's
+        demand) until one fits; None if it cannot hold it. Write it only after the last uses of the chunks it
+        overlaps (``shared.events_over``)."""
+        if self.shared is None:
+            return None
+        off = self.shared.alloc_top(size)
         while off is None:
-            over = [c for c, e in self.entries.items() if e.off + _align(c.nbytes) > self.budget]
-            if not over:
+            there = [c for c in self.victim_order({}) if self.entries[c].arena is self.shared]
+            if not there:
                 return None
-            self.evict(next(c for c in self.victim_order({}) if c in over))
-            off = self.arena.alloc_top(size, self.budget)
+            self.evict(there[0])
+            off = self.shared.alloc_top(size)
         return off
 
-    def make_room(self, chunk: _Chunk, demand: dict[_Chunk, int]) -> tuple[int | None, int]:
-        """A slot for ``chunk`` (evicting by the policy as needed) and how many chunks were evicted; None if it
-        cannot fit at all."""
+    def _alloc(self, size: int) -> tuple[_Arena, int] | None:
+        for arena in self.arenas:
+            off = arena.alloc(size)
+            if off is not None:
+                return arena, off
+        return None
+
+    def make_room(self, chunk: _Chunk, demand: dict[_Chunk, int]) -> tuple[tuple[_Arena, int] | None, int]:
+        """A slot (slab, offset) for ``chunk``, evicting by the policy as needed, and how many chunks were evicted;
+        None if it cannot fit at all."""
         if _align(chunk.nbytes) > self.budget:
             return None, 0
         evicted = 0
-        off = self.arena.alloc(chunk.nbytes)
-        while off is None and self.entries:
+        slot = self._alloc(chunk.nbytes)
+        while slot is None and self.entries:
             self.evict(self.victim_order(demand)[0])
             evicted += 1
-            off = self.arena.alloc(chunk.nbytes)
-        return off, evicted
+            slot = self._alloc(chunk.nbytes)
+        return slot, evicted
+
+    def allocated(self) -> int:
+        """Bytes of the slabs allocated so far."""
+        return sum(a.budget for a in self.arenas if a.buf is not None)
 
     def clear(self) -> None:
         for c in list(self.entries):
@@ -910,7 +939,7 @@ class ChunkedIndex:
                 search = 0
         self._search_budget = search
         arena = rest - search
-        # The search parts' reservation is the arena's top: chunks use it until search parts need it.
+        # The search parts' reservation is a slab of its own that chunks use until search parts need its room.
         self._cache = ChunkCache(arena, self.device, self._eviction, spare=search) if arena > 0 else None
 
     def _pair_bytes(self) -> int:
@@ -1117,22 +1146,22 @@ class ChunkedIndex:
         return sum(c.mapped_view.resident for c in self._chunks if c.mapped_view is not None)
 
     def _resident_search(self, chunk: _Chunk, parts: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
-        """Copies of the chunk's search part (from its mapped blob) in the cache's arena, carved from its top
-        (evicting cached chunks there), and that slot's offset; if the reservation has no room, none (the view
-        reads them over PCIe too) and -1. Out of memory here is no error: the view reads in place."""
+        """Copies of the chunk's search part (from its mapped blob) in the cache's shared slab (evicting cached
+        chunks there), and that slot's offset; if the reservation has no room, none (the view reads them over
+        PCIe too) and -1. Out of memory here is no error: the view reads in place."""
         need = _search_bytes(chunk.specs)
         cache = self._cache
-        if cache is None or self._search_resident() + need > self._search_budget:
+        if need == 0 or cache is None or self._search_resident() + need > self._search_budget:
             return {}, -1
         try:
-            buf = self._arena()
+            buf = self._slab(cache.shared)
         except torch.OutOfMemoryError:
             return {}, -1
         off = cache.place_top(need)
         if off is None:
             return {}, -1
         stream = torch.cuda.current_stream(self.device)
-        for ev in cache.arena.events_over(off, _align(need)):
+        for ev in cache.shared.events_over(off, _align(need)):
             stream.wait_event(ev)  # the evicted chunks' last lookups (or copies) are done with the slot
         kept, at = {}, off
         for name in SEARCH_PARTS:  # each part at an aligned offset, as an allocation of its own would be
@@ -1155,9 +1184,8 @@ class ChunkedIndex:
         t.update(kept)
         nbytes = sum(_align(v.nbytes) for v in kept.values())
         view = self._chunk_view(chunk, t, nbytes)
-        if slot >= 0:  # the slot goes back to the arena with the view (an update drops a changed chunk's views)
-            arena = self._cache.arena
-            weakref.finalize(view, _release_search, arena, slot, nbytes).atexit = False
+        if slot >= 0:  # the slot goes back with the view (an update drops a changed chunk's views)
+            weakref.finalize(view, _release_search, self._cache.shared, slot, nbytes).atexit = False
         return view
 
     def _chunk_view(self, chunk: _Chunk, t: dict[str, torch.Tensor], nbytes: int) -> _View:
@@ -1350,7 +1378,7 @@ class ChunkedIndex:
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
             size = min(host.numel(), cache.budget, 64 << 20)
-            buf = self._arena()
+            buf = self._slab(cache.arena)
             if self.device.type == "cuda":
                 stream = torch.cuda.current_stream(self.device)
                 for ev in cache.arena.events_over(0, _align(size)):
@@ -1755,6 +1783,8 @@ class ChunkedIndex:
             t0 = time.perf_counter()
             self._calibrate(batch, tasks)
             tm["calibrate"] += time.perf_counter() - t0
+            for t in tasks:  # an in-place read's search part may have evicted a cached chunk
+                t.resident = t.resident and t.chunk in self._cache
         rates = self.rates()
         sched = _Scheduler(list(tasks), gpu_on, cpu_on, rates, self.critical_mass)
         planned = dict(sched.planned)
@@ -1891,10 +1921,11 @@ class ChunkedIndex:
             for ev in inflight:
                 ev.synchronize()
 
-    def _arena(self) -> torch.Tensor:
-        """The cache's arena, allocated on first use (on the current stream, which the copy stream then follows)."""
-        fresh = self._cache.arena.buf is None
-        buf = self._cache.arena.storage()
+    def _slab(self, arena: _Arena) -> torch.Tensor:
+        """One of the cache's slabs, allocated on first use (on the current stream, which the copy stream then
+        follows)."""
+        fresh = arena.buf is None
+        buf = arena.storage()
         if fresh and self.device.type == "cuda":
             if self._copy_stream is None:
                 self._copy_stream = torch.cuda.Stream(self.device)
@@ -1906,16 +1937,17 @@ class ChunkedIndex:
         the last lookups that read the slot's space."""
         cache = self._cache
         host = self._host(chunk)
-        buf = self._arena()
-        off, evicted = cache.make_room(chunk, demand)
-        if off is None:
+        place, evicted = cache.make_room(chunk, demand)
+        if place is None:
             raise RuntimeError(f"ChunkedIndex: chunk of {chunk.nbytes} bytes does not fit gpu_budget={cache.budget}")
+        arena, off = place
+        buf = self._slab(arena)
         self._count("evictions", evicted)
         slot = buf[off : off + chunk.nbytes]
         ready = None
         if self.device.type == "cuda":
             copy = self._copy_stream
-            for ev in cache.arena.events_over(off, _align(chunk.nbytes)):
+            for ev in arena.events_over(off, _align(chunk.nbytes)):
                 copy.wait_event(ev)
             start, ready = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(copy):
@@ -1929,7 +1961,7 @@ class ChunkedIndex:
             batch.cpu_copy_time += time.perf_counter() - t0
             batch.cpu_copy_bytes += chunk.nbytes
         self._count("bytes_copied", chunk.nbytes)
-        entry = _Entry(chunk, off, self._view(chunk, slot), ready=ready)
+        entry = _Entry(chunk, arena, off, self._view(chunk, slot), ready=ready)
         cache.entries[chunk] = entry
         return entry
 
@@ -2508,8 +2540,7 @@ class ChunkedIndex:
         return {
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
-            "cache": 0 if self._cache is None or self._cache.arena.buf is None
-            else self._cache.arena.budget - self._search_resident(),
+            "cache": 0 if self._cache is None else self._cache.allocated() - self._search_resident(),
             "hot": self._hot_bytes(),
             "search": self._search_resident(),
         }
