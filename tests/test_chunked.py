@@ -1601,10 +1601,11 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     probe = chunked(keys, "cpu", hot_keys=0)
     largest = max(_align(c.nbytes) for c in probe._chunks)
     search = int(sum(_search_bytes(c.specs) for c in probe._chunks) * SEARCH_SLACK)
-    index = chunked(keys, "cuda", gpu_budget=3 * largest + search, critical_mass=1, hot_keys=0)
+    index = chunked(keys, "cuda", gpu_budget=3 * largest + search, hot_keys=0)
     cache = index._cache
     assert index._search_budget == search and cache.shared.budget == search and cache.budget == 3 * largest
-    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # every queue copied in: chunks fill both slabs
+    index.processors = "gpu"  # every queue copied in (the reservation stays), none taken over by the CPU
+    check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # chunks fill both slabs
     assert any(e.arena is cache.shared for e in cache.entries.values())
     in_first = {id(c) for c, e in cache.entries.items() if e.arena is cache.arena}  # ids: chunks kept alive would keep their views
     assert all(index._in_place_view(c).resident == _search_bytes(c.specs) for c in index._chunks)
@@ -1619,7 +1620,7 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     assert _arena_accounted(index)
     assert index.memory()["cache"] + index.memory()["search"] + index.memory()["hot"] <= index.gpu_budget
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # copies beside the search parts
-    index.critical_mass, index.processors = None, "zero_copy"
+    index.processors = "zero_copy"
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # in-place reads through them
     before = index.memory()["search"]
     index.insert((keys[:40] + 1).cuda(), torch.arange(4000, 4040, device="cuda"))  # its chunks' views go
