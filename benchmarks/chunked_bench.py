@@ -113,7 +113,7 @@ def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[Ch
     per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
     index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
                          **index_kw)
-    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity), n)).to(dev))
+    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity_given), n)).to(dev))
     gen = torch.Generator().manual_seed(7)
     batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
                for _ in range(a.batches)]
@@ -231,7 +231,7 @@ def main() -> None:
     index_bytes = index.memory()["chunks"]
     result["build"] = {"seconds": build_s, "peak_gpu_bytes": peak, "gpu_budget": budget, "index_bytes": index_bytes,
                        "chunks": index.num_chunks, "budget_over_index": budget / index_bytes,
-                       "hot_capacity": index.hot_capacity}
+                       "hot_capacity": index.hot_capacity, "hot_capacity_given": index.hot_capacity_given}
     print(f"build: {build_s:.1f} s, {index.num_chunks} chunks, index {index_bytes / 2**30:.2f} GiB, budget "
           f"{budget / 2**30:.2f} GiB ({budget / index_bytes:.2f}x), peak GPU memory of the build "
           f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'}", flush=True)
@@ -316,9 +316,9 @@ def main() -> None:
                 index.clear_hot()  # every mode learns its hot keys from its own training batches
                 if mode == "hot_given":  # but this one is given the law's hottest keys, and keeps them
                     t0 = time.perf_counter()
-                    top = rank_positions(torch.arange(index.hot_capacity), n)
+                    top = rank_positions(torch.arange(index.hot_capacity_given), n)
                     given = index.warm(keys.index_select(0, top).to(dev))
-                    print(f"hot_given {dist}: tier warmed with {given} of the {index.hot_capacity} hottest keys in "
+                    print(f"hot_given {dist}: tier warmed with {given} of the {index.hot_capacity_given} hottest keys in "
                           f"{time.perf_counter() - t0:.1f} s", flush=True)
                 index.reset_stats()
                 per_batch, ok = [], True

@@ -251,11 +251,13 @@ def test_hot_tier_warm_learning_and_pauses(gen):
     index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=50)
     values = torch.randn(keys.numel(), dtype=torch.float64, generator=gen)
     absent = torch.tensor([12345678901, -5])  # not in the index: never in the tier
-    assert index.warm(torch.cat([absent, keys[:80], keys[:10]])) == 50 and not index.hot_learn
+    given = index.hot_capacity_given  # a given tier learns nothing: the candidates' share holds keys too
+    assert 50 < given < 80 + 50
+    assert index.warm(torch.cat([absent, keys[: given + 50], keys[:10]])) == given and not index.hot_learn
     q = torch.cat([keys[:60], absent, keys[2000:2100]])
     got, want = index.lookup(q), cg.lookup(q)
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
-    assert index.stats()["last_batch"]["hot_hits"] == 50
+    assert index.stats()["last_batch"]["hot_hits"] == 60
     agg, ref = index.aggregate(q, values), cg.aggregate(q, values)
     assert torch.equal(agg.count, ref.count) and torch.allclose(agg.sum, ref.sum, rtol=0, atol=1e-12)
     index.hot_tier = False
@@ -354,7 +356,7 @@ def test_hot_tier_stays_within_its_reservation_when_rows_pass_2_32(gen):
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
     reserved = cap * index._hot_pair_bytes()
     hot = keys.unique()[:3000]
-    index.warm(hot)
+    index.warm(hot, learn=True)  # a learning tier: its pairs' share of the reservation
     assert index._tier["direct"] and index.memory()["hot"] <= reserved
     index.update(insert_keys=hot[:1], insert_rows=torch.tensor([2**40]))
     got = index.lookup(hot[:100])  # rebuilds the tier over the new chunks
@@ -369,11 +371,36 @@ def test_an_update_rebuilds_the_tier_over_its_keys_in_priority_order():
     """warm's order is the tier's priority: a rebuild after an update that leaves room for fewer pairs (row IDs
     past 2^32: a row map each) keeps the most important keys, not the lowest."""
     index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4)
-    assert index.warm(torch.tensor([900, 800, 700, 1])) == 4
+    assert index.warm(torch.tensor([900, 800, 700, 1]), learn=True) == 4
     index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
     got = index.lookup(torch.tensor([900, 800, 700, 1]))  # rebuilds the tier: room for 2 pairs now
     assert got.first_row.tolist() == [900, 800, 700, 1]
     assert index.stats()["last_batch"]["hot_hits"] == 2 and index._tier_keys().tolist() == [900, 800]
+
+
+def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
+    """warm(learn=False) learns nothing, so the candidates' share of the reservation holds pairs too: up to
+    hot_capacity_given keys in the same bytes, the first of the given order; once learning resumes the tier
+    keeps its first hot_capacity keys beside the candidates, still within the reservation. Answers unchanged."""
+    keys = torch.randint(-2**63, 2**63 - 1, (20000,), generator=gen)
+    cap = 1000
+    index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
+    reserved = cap * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    given = index.hot_capacity_given
+    assert given == reserved // index._hot_pair_bytes() > cap
+    prio = keys[torch.randperm(keys.numel(), generator=gen)][: 3 * cap]
+    assert index.warm(prio) == given and index.memory()["hot"] <= reserved
+    q = torch.cat([prio[:given], prio[given : given + 50]])
+    got = index.lookup(q)
+    assert index.stats()["last_batch"]["hot_hits"] == given  # the first given keys, none after them
+    index.hot_tier = False
+    want = index.lookup(q)
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    index.hot_tier, index.hot_learn = True, True
+    got = index.lookup(q)
+    assert index._tier["n_keys"] <= cap and index.memory()["hot"] <= reserved
+    assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
+    assert index.warm(prio, learn=True) == cap
 
 
 def test_learning_pauses_when_no_candidate_fits_the_tier(monkeypatch):
@@ -1395,7 +1422,7 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     assert {"chunked", "cpu_only", "in_core", "hot_given"} <= modes
     assert all(r["checked"] for r in result["runs"] if not r.get("skipped"))
     given = [r for r in result["runs"] if r["mode"] == "hot_given"]
-    assert all(r["hot_keys"] == result["build"]["hot_capacity"] > 0 for r in given)  # the tier holds what it was given
+    assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)  # the tier holds what it was given
 
 
 @pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py"])

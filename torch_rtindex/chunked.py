@@ -71,7 +71,8 @@ with :meth:`ChunkedIndex.warm`. Like a chunk's, the tier's pairs hold row offset
 its rows span less than 2^32 (else a row map). Its reservation, ``hot_keys`` x (12 bytes of learning candidate
 plus :meth:`ChunkedIndex._hot_pair_bytes`: 14 bytes for packed_row pairs, 18 for aligned_row, 8 more where row
 IDs reach 2^32), is taken from ``gpu_budget`` and holds ``hot_keys`` pairs (fewer once updates hand out row IDs
-past 2^32, where the tier needs a row map the reservation did not price). Its keys stay in host memory in their
+past 2^32, where the tier needs a row map the reservation did not price); a tier given by ``warm(learn=False)``
+keeps no candidates, so the same bytes hold :attr:`ChunkedIndex.hot_capacity_given` pairs. Its keys stay in host memory in their
 priority order, over which an update rebuilds it from the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
@@ -1521,6 +1522,8 @@ class ChunkedIndex:
         if hot and self._hot_pending is not None:  # an update made the tier stale: rebuild it over the new chunks
             keys, self._hot_pending = self._hot_pending, None
             self._rebuild_hot(keys, D)
+        if hot and self.hot_learn and self._tier is not None and self._tier["pairs_n"] > self._tier_room():
+            self._rebuild_hot(self._tier_keys(), D)  # a given tier, now learning: its first keys, the candidates' room freed
         if hot and self._tier is not None:
             out, hits = self._serve_with_tier(form, qlo, values, D)
         else:
@@ -1546,10 +1549,12 @@ class ChunkedIndex:
         self._clear_hot()
 
     def warm(self, keys: torch.Tensor, *, learn: bool = False) -> int:
-        """Builds the hot tier now from ``keys`` (in priority order: the first ``hot_capacity`` distinct keys that
-        are in the index, as far as their row IDs fit the tier), on ``keys``' device. With ``learn=False`` (the
-        default) the tier keeps these keys until the next ``warm`` or ``hot_learn = True``; updates rebuild it over
-        the same keys. Returns the number of keys in the tier."""
+        """Builds the hot tier now from ``keys`` (in priority order: the first distinct keys that are in the index,
+        as far as their row IDs fit the tier), on ``keys``' device. With ``learn=False`` (the default) the tier
+        keeps these keys until the next ``warm`` or ``hot_learn = True``, and, learning nothing, it also has the
+        learning candidates' share of the reservation: up to :attr:`hot_capacity_given` keys (of one row ID
+        each) instead of ``hot_capacity``; once learning resumes it keeps its first ``hot_capacity``. Updates
+        rebuild it over the same keys. Returns the number of keys in the tier."""
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         if not self.hot_capacity:
@@ -1560,11 +1565,25 @@ class ChunkedIndex:
         first = torch.full((uniq.numel(),), flipped.numel(), dtype=torch.int64, device=flipped.device)
         first.scatter_reduce_(0, inverse, torch.arange(flipped.numel(), device=flipped.device), "amin")
         # Twice the capacity: room for keys that turn out to be absent, without an unbounded fetch.
-        prio = uniq.index_select(0, torch.sort(first).indices)[: 2 * self.hot_capacity]
+        prio = uniq.index_select(0, torch.sort(first).indices)[: 2 * self._tier_room(learn)]
         self._clear_hot()
         self.hot_learn = learn
         self._rebuild_hot(prio, qlo.device)
         return 0 if self._tier is None else self._tier["n_keys"]
+
+    @property
+    def hot_capacity_given(self) -> int:
+        """Keys (of one row ID each) a tier given by :meth:`warm` with ``learn=False`` holds: the reservation of
+        ``hot_capacity`` keys less the learning candidates, which such a tier does not keep."""
+        return self._tier_room(learn=False)
+
+    def _tier_room(self, learn: bool | None = None) -> int:
+        """Pairs the tier's reservation holds (``learn``: whether candidates share it; None: ``hot_learn``). At the
+        pair size priced at construction; fewer where row IDs have since grown past 2^32 (an update) and the tier
+        needs a row map the reservation did not price."""
+        learn = self.hot_learn if learn is None else learn
+        per_key = self._hot_reserved_pair + (HOT_CANDIDATE_BYTES if not learn else 0)
+        return self.hot_capacity * per_key // self._hot_pair_bytes()
 
     def _tier_view(self, D: torch.device) -> _View:
         tier = self._tier
@@ -1591,16 +1610,16 @@ class ChunkedIndex:
         fetched through the chunks (one CSR batch), as many keys as their pairs fit the reservation."""
         t0 = time.perf_counter()
         self._tier = None
-        prio = prio.to(D)
+        if not self.hot_learn:
+            self._hot_cand = None  # learning nothing: the candidates' share of the reservation holds pairs
+        room = self._tier_room()
+        prio = prio.to(D)[: 2 * room]  # (warm's bound: room for keys that turn out to be absent)
         if prio.numel() == 0:
             return
         offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
         per = offsets[1:] - offsets[:-1]
-        # Pairs: the reservation holds one per key of capacity at its pair size; fewer where row IDs have since
-        # grown past 2^32 (an update) and the tier needs a row map the reservation did not price.
-        room = self.hot_capacity * self._hot_reserved_pair // self._hot_pair_bytes()
         present = per > 0  # absent keys stay out: the tier's hit test is "has rows"
-        keep = present & (torch.cumsum(per, 0) <= room)  # room <= hot_capacity pairs: as many keys at most
+        keep = present & (torch.cumsum(per, 0) <= room)
         if not bool(keep.any()):
             return
         pair_keys = torch.repeat_interleave(prio ^ TOP, per, output_size=rows.numel())
