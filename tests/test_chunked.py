@@ -399,8 +399,25 @@ def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
     index.hot_tier, index.hot_learn = True, True
     got = index.lookup(q)
     assert index._tier["n_keys"] <= cap and index.memory()["hot"] <= reserved
+    assert index.stats()["last_batch"]["hot_hits"] == cap  # its first keys (learning has replaced none yet)
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
     assert index.warm(prio, learn=True) == cap
+
+
+def test_a_given_tier_rebuilt_by_an_update_keeps_its_first_keys():
+    """A given tier (learning nothing, the candidates' share holding pairs) rebuilt after an update that leaves
+    room for fewer pairs (row IDs past 2^32: a row map each) keeps its most important keys, within the
+    reservation."""
+    index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4)
+    reserved = 4 * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    prio = torch.tensor([900, 800, 700, 600, 500, 400, 1])
+    assert index.hot_capacity_given == 7 and index.warm(prio) == 7
+    index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
+    got = index.lookup(prio)  # rebuilds the tier: room for reserved // (pair + row map) pairs now
+    assert got.first_row.tolist() == prio.tolist()
+    room = reserved // index._hot_pair_bytes()
+    assert index._tier_keys().tolist() == prio[:room].tolist()
+    assert index.stats()["last_batch"]["hot_hits"] == room and index.memory()["hot"] <= reserved
 
 
 def test_learning_pauses_when_no_candidate_fits_the_tier(monkeypatch):
@@ -1422,7 +1439,8 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     assert {"chunked", "cpu_only", "in_core", "hot_given"} <= modes
     assert all(r["checked"] for r in result["runs"] if not r.get("skipped"))
     given = [r for r in result["runs"] if r["mode"] == "hot_given"]
-    assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)  # the tier holds what it was given
+    # the tier holds what it was given
+    assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)
 
 
 @pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py"])

@@ -71,9 +71,9 @@ with :meth:`ChunkedIndex.warm`. Like a chunk's, the tier's pairs hold row offset
 its rows span less than 2^32 (else a row map). Its reservation, ``hot_keys`` x (12 bytes of learning candidate
 plus :meth:`ChunkedIndex._hot_pair_bytes`: 14 bytes for packed_row pairs, 18 for aligned_row, 8 more where row
 IDs reach 2^32), is taken from ``gpu_budget`` and holds ``hot_keys`` pairs (fewer once updates hand out row IDs
-past 2^32, where the tier needs a row map the reservation did not price); a tier given by ``warm(learn=False)``
-keeps no candidates, so the same bytes hold :attr:`ChunkedIndex.hot_capacity_given` pairs. Its keys stay in host memory in their
-priority order, over which an update rebuilds it from the new chunks.
+past 2^32, where the tier needs a row map the reservation did not price); a tier given by
+``warm(learn=False)`` keeps no candidates, so the same bytes hold :attr:`ChunkedIndex.hot_capacity_given` pairs.
+Its keys stay in host memory in their priority order, over which an update rebuilds it from the new chunks.
 
 **Updates** (:meth:`ChunkedIndex.update`): the batch is routed to the chunks it touches; semantics are
 :meth:`UpdatableCgRXIndex.update`'s. By default each touched chunk is rebuilt from its pairs plus the batch's
@@ -1523,7 +1523,7 @@ class ChunkedIndex:
             keys, self._hot_pending = self._hot_pending, None
             self._rebuild_hot(keys, D)
         if hot and self.hot_learn and self._tier is not None and self._tier["pairs_n"] > self._tier_room():
-            self._rebuild_hot(self._tier_keys(), D)  # a given tier, now learning: its first keys, the candidates' room freed
+            self._rebuild_hot(self._tier_keys(), D)  # a given tier, now learning: its first keys, room for candidates
         if hot and self._tier is not None:
             out, hits = self._serve_with_tier(form, qlo, values, D)
         else:
@@ -1550,11 +1550,13 @@ class ChunkedIndex:
 
     def warm(self, keys: torch.Tensor, *, learn: bool = False) -> int:
         """Builds the hot tier now from ``keys`` (in priority order: the first distinct keys that are in the index,
-        as far as their row IDs fit the tier), on ``keys``' device. With ``learn=False`` (the default) the tier
-        keeps these keys until the next ``warm`` or ``hot_learn = True``, and, learning nothing, it also has the
-        learning candidates' share of the reservation: up to :attr:`hot_capacity_given` keys (of one row ID
-        each) instead of ``hot_capacity``; once learning resumes it keeps its first ``hot_capacity``. Updates
-        rebuild it over the same keys. Returns the number of keys in the tier."""
+        as far as their row IDs fit the tier; twice as many keys as fit are fetched, room for absent ones), on
+        ``keys``' device. With ``learn=False`` (the default) the tier keeps these keys until the next ``warm`` or
+        ``hot_learn = True``, and, learning nothing, it also has the learning candidates' share of the
+        reservation: up to :attr:`hot_capacity_given` keys of one row ID each instead of ``hot_capacity``. Once
+        learning resumes, the next point batch keeps as many of its first keys as the learning tier's room holds
+        (which learning may then replace). Updates rebuild it over the same keys. Returns the number of keys in
+        the tier."""
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         if not self.hot_capacity:
@@ -1613,7 +1615,7 @@ class ChunkedIndex:
         if not self.hot_learn:
             self._hot_cand = None  # learning nothing: the candidates' share of the reservation holds pairs
         room = self._tier_room()
-        prio = prio.to(D)[: 2 * room]  # (warm's bound: room for keys that turn out to be absent)
+        prio = prio[: 2 * room].to(D)  # (warm's bound: room for keys that turn out to be absent)
         if prio.numel() == 0:
             return
         offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
