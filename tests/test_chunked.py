@@ -536,6 +536,26 @@ def test_cache_policy_demand_then_heat_then_lru():
     assert cache.make_room(chunk(4096, 0.0), {}) == (None, 0)  # larger than the budget: never cached
 
 
+def test_out_of_memory_making_the_cache_slab_keeps_the_index_usable(gen, monkeypatch):
+    """The cache's slab is allocated on the first copy; out of memory then fails that batch with a clear error and
+    gives the slot it had taken back: the next batch allocates the slab and answers."""
+    from torch_rtindex.chunked import _Arena
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys, "cpu", processors="gpu", hot_keys=0)
+    plain = _Arena.storage
+
+    def no_memory(self):
+        raise torch.OutOfMemoryError("injected: no room for the slab")
+
+    monkeypatch.setattr(_Arena, "storage", no_memory)
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        index.lookup(keys[:500])
+    arena = index._cache.arena
+    assert arena.buf is None and arena.free == [(0, arena.budget)] and not index._cache.entries
+    monkeypatch.setattr(_Arena, "storage", plain)
+    check_lookup(index.lookup(keys[:500]), *Reference(keys, "int64").points(keys[:500])[:2])
+
+
 def test_the_cache_lends_its_shared_slab_to_chunks_until_slots_need_it():
     """With ``spare``, the cache has a second slab: chunks fill the first, then the second while no slot is
     carved from it; carving a slot there (top first) evicts chunks from it (by the policy), never from the first,

@@ -1962,7 +1962,11 @@ class ChunkedIndex:
         if place is None:
             raise RuntimeError(f"ChunkedIndex: chunk of {chunk.nbytes} bytes does not fit gpu_budget={cache.budget}")
         arena, off = place
-        buf = self._slab(arena)
+        try:
+            buf = self._slab(arena)
+        except BaseException:  # out of memory making the slab: the slot goes back, the index stays usable
+            arena.release(off, chunk.nbytes, None)
+            raise
         self._count("evictions", evicted)
         slot = buf[off : off + chunk.nbytes]
         ready = None
