@@ -310,8 +310,8 @@ def _release_search(arena: "_Arena", off: int, size: int) -> None:
 
 
 class _Arena:
-    """The cache's memory: one allocation of ``budget`` bytes, carved into chunk slots (first fit, coalescing).
-    Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
+    """One slab of the cache's memory: one allocation of ``budget`` bytes, carved into slots (chunks first fit
+    from the bottom, search parts from the top; coalescing). Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
     slot is reused exactly when the GPU has finished the last lookup that read it (events, not the allocator)."""
 
     def __init__(self, budget: int, device: torch.device) -> None:
@@ -2560,8 +2560,9 @@ class ChunkedIndex:
         return s
 
     def memory(self) -> dict[str, int]:
-        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's reservation on ``device``,
-        the hot-key tier and the search parts kept on ``device`` for in-place reads (module doc)."""
+        """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's slabs allocated on ``device``
+        less the search parts in them, the hot-key tier and the search parts kept on ``device`` for in-place reads
+        (module doc)."""
         return {
             "host": sum(c.nbytes for c in self._chunks if c.host is not None),
             "chunks": sum(c.nbytes for c in self._chunks),
