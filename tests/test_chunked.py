@@ -579,7 +579,7 @@ def test_the_cache_lends_its_shared_slab_to_chunks_until_slots_need_it():
     cache.entries[y] = _entry(y, (main, 0))
     cache.clear()
     assert cache.make_room(_cache_chunk(4 * 256), {}) == ((main, 0), 0)  # a chunk of the whole budget fits
-    shared.dropped.append((0, 256))  # a dropped view's slot (as _release_search queues it)
+    shared.dropped.append((0, 256))  # a dropped view's slot (as its finalizer queues it)
     assert cache.make_room(_cache_chunk(256), {}) == ((shared, 0), 0)
     assert not shared.dropped
 

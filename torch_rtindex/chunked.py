@@ -303,12 +303,6 @@ class _View:
 
 
 # ------------------------------------------------------------------------------------------------ the cache
-def _release_search(arena: "_Arena", off: int, size: int) -> None:
-    """A dropped view's search-part slot, queued for its arena (a finalizer: it may run on any thread, in the
-    middle of an arena operation, so the arena's user takes it back: :meth:`_Arena.reclaim`)."""
-    arena.dropped.append((off, size))
-
-
 class _Arena:
     """One slab of the cache's memory: one allocation of ``budget`` bytes, carved into slots (chunks first fit
     from the bottom, search parts from the top; coalescing). Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
@@ -319,7 +313,9 @@ class _Arena:
         self.buf: torch.Tensor | None = None
         self.free = [(0, budget)]
         self.retired: list[tuple[int, int, Any]] = []  # (offset, size, last-use event) of evicted slots
-        self.dropped: deque = deque()  # (offset, size) of dropped views' slots (_release_search)
+        # (offset, size) of dropped views' slots, queued by the views' finalizers: those may run on any thread, in
+        # the middle of an arena operation, so the arena's user takes them back (reclaim).
+        self.dropped: deque = deque()
 
     def storage(self) -> torch.Tensor:
         if self.buf is None:
@@ -414,7 +410,7 @@ class ChunkCache:
     first. Each slab is allocated on first use."""
 
     def __init__(self, budget: int, device: torch.device, policy: str = "demand", spare: int = 0) -> None:
-        self.budget, self.device, self.policy, self.spare = budget, device, policy, spare
+        self.budget, self.device, self.policy = budget, device, policy
         self.arena = _Arena(budget, device)
         self.shared = _Arena(spare, device) if spare > 0 else None
         self.arenas = [self.arena] + ([self.shared] if self.shared is not None else [])
@@ -1186,7 +1182,7 @@ class ChunkedIndex:
         nbytes = sum(_align(v.nbytes) for v in kept.values())
         view = self._chunk_view(chunk, t, nbytes)
         if slot >= 0:  # the slot goes back with the view (an update drops a changed chunk's views)
-            weakref.finalize(view, _release_search, self._cache.shared, slot, nbytes).atexit = False
+            weakref.finalize(view, self._cache.shared.dropped.append, (slot, nbytes)).atexit = False
         return view
 
     def _chunk_view(self, chunk: _Chunk, t: dict[str, torch.Tensor], nbytes: int) -> _View:
@@ -1358,10 +1354,12 @@ class ChunkedIndex:
         for a stale cache rate, slices of the largest queue of a cached chunk answered from the cache."""
         t = max(tasks, key=lambda t: t.size)
         points = batch.points
+        cache = self._cache
         if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
             self._calibrate_gpu("in_place", self._in_place_view(t.chunk), batch, t)
-        cache = self._cache
-        resident = [r for r in tasks if r.resident and r.chunk in cache]  # (the in-place view may have evicted it)
+            for r in tasks:  # the in-place view's search part may have evicted a cached chunk: the plan must know
+                r.resident = r.resident and r.chunk in cache
+        resident = [r for r in tasks if r.resident]
         if cache is not None and resident and self._uncalibrated("gpu", points):
             r = max(resident, key=lambda r: r.size)
             if r.size >= self._slice_min("gpu", RATE_QUEUE):  # smaller cached queues time the host's issue
@@ -1804,8 +1802,6 @@ class ChunkedIndex:
             t0 = time.perf_counter()
             self._calibrate(batch, tasks)
             tm["calibrate"] += time.perf_counter() - t0
-            for t in tasks:  # an in-place read's search part may have evicted a cached chunk
-                t.resident = t.resident and t.chunk in self._cache
         rates = self.rates()
         sched = _Scheduler(list(tasks), gpu_on, cpu_on, rates, self.critical_mass)
         planned = dict(sched.planned)
