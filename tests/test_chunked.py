@@ -24,7 +24,7 @@ from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
 from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, ChunkCache, Rates, _align,
-                                   _Batch, _Chunk, _HostStage, _Scheduler, _search_bytes, _Task, plan)
+                                   _Batch, _Chunk, _Scheduler, _search_bytes, _Task, plan)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -1589,39 +1589,6 @@ def test_cuda_index_with_cpu_queries_and_cpu_index_with_cuda_queries(gen, proces
             assert torch.equal(m.rows.cpu(), cg.range(lo, hi).rows)
             agg = index.range_aggregate(lo.to(query_device), hi.to(query_device), values.to(query_device))
             torch.testing.assert_close(agg.sum.cpu(), cg.range_aggregate(lo, hi, values).sum)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_host_stage_crosses_any_split_through_the_same_slots(gen, monkeypatch):
-    """The CPU's answers cross to the GPU through two pinned slots made once: pieces that span slots and tensors,
-    empty pieces, int64 and int32, many calls; every call equals torch.cat, and no call makes new slots."""
-    monkeypatch.setattr(_HostStage, "SLOT_BYTES", 64)  # 8 int64 / 16 int32 per slot: every split is crossed
-    stage = _HostStage()
-    made = None
-    for i in range(40):
-        dtype = (torch.int64, torch.int32)[i % 2]
-        sizes = torch.randint(0, 30, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
-        xs = [torch.randint(-2**31, 2**31 - 1, (n,), generator=gen).to(dtype) for n in sizes]
-        got = stage.to_device(xs, torch.device("cuda"))
-        assert got.dtype == dtype and torch.equal(got.cpu(), torch.cat(xs))
-        made = made or [t.data_ptr() for t in stage.slots]
-        assert [t.data_ptr() for t in stage.slots] == made and all(t.is_pinned() for t in stage.slots)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cpu_answers_of_a_cuda_batch_cross_through_the_stage(gen, monkeypatch):
-    """A CUDA batch with queues the CPU answers: its answers reach the GPU through the index's slots (small here,
-    so they cross in many pieces), the same as CgRXIndex's, batch after batch."""
-    monkeypatch.setattr(_HostStage, "SLOT_BYTES", 1024)
-    keys = int64_keys("uniform", 5000, gen)
-    index = chunked(keys, "cuda", processors="cpu", hot_keys=0)
-    cg = CgRXIndex(keys)
-    for _ in range(3):
-        q = point_queries(keys, 2000, gen)
-        got = index.lookup(q.cuda())
-        want = cg.lookup(q)
-        assert torch.equal(got.first_row.cpu(), want.first_row) and torch.equal(got.count.cpu(), want.count)
-    assert index.stats()["queries_cpu"] >= 6000 and len(index._stage.slots) == _HostStage.SLOTS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -884,7 +884,6 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        self._stage = _HostStage()  # pinned slots the CPU's answers cross to the GPU through (_joined)
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -2038,7 +2037,7 @@ class ChunkedIndex:
         if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
             first = torch.full((q,), -1, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
-            for idx, f, c in _joined(tasks, sq, D, self._stage):
+            for idx, f, c in _joined(tasks, sq, D):
                 first.index_copy_(0, idx, f)
                 count.index_copy_(0, idx, c)
             return first, count
@@ -2693,59 +2692,10 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-class _HostStage:
-    """Pinned host slots, allocated once per index on first use and reused by every batch, that host tensors cross to
-    a GPU through (the CPU's answers in the merge). A fresh pinned buffer per batch pays its pinning each time the
-    answers reach a size the host allocator has no block of (its blocks come in powers of two), tens of
-    milliseconds per hundred MB. The host fills one slot while the GPU copies out of the other; a slot is filled
-    again once its last copy's event has passed. One batch at a time, as the index serves them."""
-
-    SLOTS, SLOT_BYTES = 2, 16 << 20
-
-    def __init__(self) -> None:
-        self.slots: list[torch.Tensor] = []
-        self.events: list = [None] * self.SLOTS
-        self.next = 0
-
-    def to_device(self, xs: list[torch.Tensor], D: torch.device) -> torch.Tensor:
-        """``torch.cat(xs)`` on the CUDA device ``D`` (the copies asynchronous on its current stream)."""
-        out = torch.empty(sum(x.numel() for x in xs), dtype=xs[0].dtype, device=D)
-        if not self.slots:
-            self.slots = [torch.empty(self.SLOT_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(self.SLOTS)]
-        per = self.SLOT_BYTES // out.element_size()
-        slot, fill, pos = None, 0, 0
-
-        def flush() -> None:
-            nonlocal slot, fill
-            out[pos - fill : pos].copy_(slot[:fill], non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream(D))
-            self.events[self.next] = ev
-            self.next = (self.next + 1) % self.SLOTS
-            slot, fill = None, 0
-
-        for x in xs:
-            x = x.reshape(-1)
-            a = 0
-            while a < x.numel():
-                if slot is None:
-                    if self.events[self.next] is not None:
-                        self.events[self.next].synchronize()  # the slot's last copy has left it
-                    slot = self.slots[self.next].view(out.dtype)
-                m = min(per - fill, x.numel() - a)
-                slot[fill : fill + m].copy_(x[a : a + m])
-                fill, pos, a = fill + m, pos + m, a + m
-                if fill == per:
-                    flush()
-        if fill:
-            flush()
-        return out
-
-
-def _joined(tasks: list, sq: torch.Tensor, D: torch.device, stage: _HostStage):
+def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
-    The CPU's answers cross to D through the index's pinned slots (``stage``)."""
+    The CPU's answers cross to D in one pinned copy."""
     by_device: dict[torch.device, list] = {}
     for t in tasks:
         by_device.setdefault(t.result[1].device, []).append(t)
@@ -2755,10 +2705,12 @@ def _joined(tasks: list, sq: torch.Tensor, D: torch.device, stage: _HostStage):
         parts = []
         for k in (1, 2):
             xs = [t.result[k] for t in ts]
-            if D.type == "cuda" and dev.type == "cpu":
-                parts.append(stage.to_device(xs, D))
+            if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
+                x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=True)
+                torch.cat(xs, out=x)
             else:
-                parts.append((torch.cat(xs) if len(xs) > 1 else xs[0]).to(D))
+                x = torch.cat(xs) if len(xs) > 1 else xs[0]
+            parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
 
 
