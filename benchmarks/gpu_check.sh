@@ -23,6 +23,8 @@
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
 #   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
 #                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
+#   bash benchmarks/gpu_check.sh tier_profile  # out of core, given tier, Zipf 1.2 2^27: the batch kernel by kernel, the tier
+#                                           # pass alone, heads of the hottest keys tried first, a hash table (tier_profile_probe.py)
 #   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: six uniform 2^27
 #                                           # batches only, against the in-core index (the planner's CPU share; ~3 min)
 #   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
@@ -124,6 +126,11 @@ case "${1:-}" in
     { header "out of core, the tier pass by chunk overlapped with each chunk's misses"
       timeout 560 python3 benchmarks/chunk_pipeline_probe.py
       echo "rc=$?"; } 2>&1 | log "chunk_pipeline_$commit.log"
+    ;;
+  tier_profile)
+    { header "out of core, where a given-tier Zipf batch spends its time"
+      timeout 560 python3 benchmarks/tier_profile_probe.py --heads 16,18,20,22,24
+      echo "rc=$?"; } 2>&1 | grep --line-buffered -v "ChunkedIndex build" | log "tier_profile_$commit.log"
     ;;
   uniform27)
     { header "out of core, uniform 2^27"

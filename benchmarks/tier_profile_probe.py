@@ -31,7 +31,7 @@ def main() -> None:
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
-    q = batches[1]
+    q = batches[-1]
     for i, b in enumerate(batches):
         _, ms = timer.timed(lambda: index.lookup(b), sync)
         st = index.stats()["last_batch"]["time_s"]

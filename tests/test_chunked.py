@@ -1476,6 +1476,19 @@ def test_tier_probes_smoke_on_cpu(probe):
     assert len(lines) >= 4 and all(" same True " in x for x in lines)
 
 
+def test_tier_profile_probe_smoke_on_cpu():
+    """The tier profile probe runs on the CPU at tiny sizes: a head of the hottest keys, then the tier, leaves the
+    same misses as the tier alone."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "tier_profile_probe.py"), "--device", "cpu", "--log-keys", "16",
+         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--heads", "8,10"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    heads = [x for x in proc.stdout.splitlines() if x.startswith("head")]
+    assert len(heads) == 6 and all(x.endswith("(same as the tier alone: True)") for x in heads)
+
+
 def test_readme_section_runs():
     from test_readme_examples import python_blocks
 
