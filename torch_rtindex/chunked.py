@@ -180,6 +180,14 @@ RATE_MIN_SAMPLE = 256
 IN_PLACE_WINDOW: int | None = None
 
 
+def _calibration_slices(size: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """A calibration's slices (offset, queries) of a queue of ``size`` queries: the warm-up, then two timed slices
+    (up to 2^15 lookups and an eighth of that), no query in two of them."""
+    warm = min(size // 8, 256)
+    big = min((size - warm) * 8 // 9, 1 << 15)
+    return (0, warm), [(warm, big), (warm + big, max(1, big // 8))]
+
+
 def _align(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
@@ -1356,7 +1364,7 @@ class ChunkedIndex:
         points = batch.points
         cache = self._cache
         if self._in_place_on() and self._uncalibrated("in_place", points) and t.size >= self._slice_min("in_place", 512):
-            self._calibrate_gpu("in_place", self._in_place_view(t.chunk), batch, t)
+            self._calibrate_way("in_place", self._in_place_view(t.chunk), batch, t, self.device)
             for r in tasks:  # the in-place view's search part may have evicted a cached chunk: the plan must know
                 r.resident = r.resident and r.chunk in cache
         resident = [r for r in tasks if r.resident]
@@ -1366,14 +1374,9 @@ class ChunkedIndex:
                 entry = cache.entries[r.chunk]
                 if self.device.type == "cuda" and entry.ready is not None:
                     torch.cuda.current_stream(self.device).wait_event(entry.ready)
-                self._calibrate_gpu("gpu", entry.view, batch, r)
+                self._calibrate_way("gpu", entry.view, batch, r, self.device)
         if self._uncalibrated("cpu", points) and t.size >= self._slice_min("cpu", 256):
-            cpu = torch.device("cpu")
-            size = min(t.size, 1 << 15)
-            view = self._host_view(t.chunk)
-            self._timed(view, batch, cpu, t, [(0, size)])  # warm: first calls pay one-time costs
-            samples = self._timed(view, batch, cpu, t, [(0, size), (0, max(1, size // 8))])  # two sizes, as above
-            self._learn("cpu", samples, points, reset=True)
+            self._calibrate_way("cpu", self._host_view(t.chunk), batch, t, torch.device("cpu"))
         if self._uncalibrated("copy", points) and cache is not None and not cache.entries:
             host = self._host(t.chunk)
             size = min(host.numel(), cache.budget, 64 << 20)
@@ -1389,17 +1392,14 @@ class ChunkedIndex:
             if size >= 1 << 20:
                 self._learn("copy", [(size, seconds)], True)
 
-    def _calibrate_gpu(self, name: str, view: _View, batch: "_Batch", t: _Task) -> None:
-        """Calibrates the GPU's way ``name`` (in place, or the cache) on queue ``t`` answered with ``view``."""
-        # Warm on the first few queries, time the rest: a timed slice the warm-up had read would come from the
-        # caches, not from where the chunk lies.
-        warm = min(t.size // 8, 256)
-        qlo, qhi = batch.queue(_Task(t.chunk, t.start, warm, False, t.fits), self.device, self)
-        self._answer(view, batch, qlo, qhi, self.device)
-        # Two sizes, so that the fit starts with a fixed time and a rate (module doc); queries read once each.
-        big = min((t.size - warm) * 8 // 9, 1 << 15)
-        samples = self._timed(view, batch, self.device, t, [(warm, big), (warm + big, max(1, big // 8))])
-        self._learn(name, samples, batch.points, reset=True)
+    def _calibrate_way(self, name: str, view: _View, batch: "_Batch", t: _Task, S: torch.device) -> None:
+        """Calibrates way ``name`` on queue ``t`` answered with ``view`` on S: a warm-up (first calls pay one-time
+        costs), then two timed slices of other queries (a slice the warm-up had read would come from the caches,
+        the CPU's or the GPU's, not from where the chunk lies), of two sizes, so that the fit starts with a fixed
+        time and a rate (module doc)."""
+        warm, timed = _calibration_slices(t.size)
+        self._timed(view, batch, S, t, [warm])
+        self._learn(name, self._timed(view, batch, S, t, timed), batch.points, reset=True)
 
     def _timed(self, view: _View, batch: "_Batch", S: torch.device, t: _Task, slices: list) -> list:
         """(queries, seconds) of answering each (offset, size) slice of queue ``t`` on S with ``view``."""
