@@ -361,6 +361,7 @@ def main() -> None:
                     "hot_keys": st["hot_keys"], "hot_pairs": st["hot_pairs"], "hot_rebuilds_total": st["hot_rebuilds"],
                     "cpu_rate": st["cpu_rate"], "copy_rate": st["copy_rate"], "gpu_rate": st["gpu_rate"],
                     "in_place_rate": st["in_place_rate"], "fixed_s": st["fixed_s"], "gpu_memory": index.memory(),
+                    "calibrations": st["calibrations"],
                     "per_batch": per_batch,
                 }
                 result["runs"].append(run)
@@ -376,6 +377,10 @@ def main() -> None:
                 print(f"{mode:9s} {dist:9s} 2^{log_m} GPU memory: cache {mem['cache'] / 2**30:.2f} GiB, tier "
                       f"{mem['hot'] / 2**30:.2f} GiB, search parts {mem['search'] / 2**30:.2f} GiB; rates: in place "
                       f"{(st['in_place_rate'] or 0) / 1e6:.0f} M/s, CPU {(st['cpu_rate'] or 0) / 1e6:.0f} M/s", flush=True)
+                for c in st["calibrations"]:  # warm-up first, then the two timed slices
+                    print(f"{mode:9s} {dist:9s} 2^{log_m} calibration of {c['way']}: " + ", ".join(
+                        f"{n} in {sec * 1e3:.3f} ms" for n, sec in c["slices"]) +
+                        f" -> {c['rate'] / 1e6:.1f} M/s, fixed {c['fixed_s'] * 1e3:.3f} ms", flush=True)
                 if s and hot and mode in ("chunked", "hot_given"):
                     # The floor for the tier's misses: rank r is drawn with P(rank < K) from the continuous law the
                     # queries come from; every miss needs host memory (the CPU's rate, its chunk copied in, or the

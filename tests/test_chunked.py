@@ -870,7 +870,8 @@ def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
 def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
     """Every way's calibration (the CPU's, in place, the cache's) warms up on some of a queue's queries and times two
     slices of others: a timed slice the warm-up had read would come from the caches (on the H100 the CPU's rate was
-    calibrated at 64-76 M/s that way, against 41-52 M/s in the batches after)."""
+    calibrated at 64-76 M/s that way, against 41-52 M/s in the batches after). The CPU's warm-up is wide enough to
+    start its threads, whose start a timed slice would pay."""
     keys = int64_keys("uniform", 200000, gen)
     index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
     index.read_in_place = True
@@ -888,6 +889,15 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
         assert len(slices) == 3, (name, slices)  # the warm-up, then two timed sizes
         (size, a0, n0), (_, a1, n1), (_, a2, n2) = slices
         assert 0 == a0 < n0 <= a1 and a1 + n1 <= a2 and a2 + n2 <= size and n1 > n2 > 0, (name, slices)
+    # the CPU's warm-up starts every thread of a parallel region (256 queries per task), or takes a quarter queue
+    size, _, n0 = seen["cpu"][0]
+    assert n0 >= min(size // 4, 256 * torch.get_num_threads())
+    # stats() shows what each calibration timed and what it set
+    shown = {c["way"]: c for c in index.stats()["calibrations"]}
+    for name, slices in seen.items():
+        c = shown[name]
+        assert c["points"] and [n for n, _ in c["slices"]] == [n for _, _, n in slices]
+        assert all(sec > 0 for _, sec in c["slices"]) and c["rate"] > 0 and c["fixed_s"] >= 0  # (the batch refits them)
 
 
 def _calibration(rate, fixed=1e-4):

@@ -173,6 +173,7 @@ RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # A lookup way's rate that no calibration has set for a kind of batch (its queues too small to time one) is learned
 # from the batches' samples of at least this many lookups (a calibration's smallest queue).
 RATE_MIN_SAMPLE = 256
+CALIBRATIONS_KEPT = 16  # calibrations stats() shows, the latest
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -180,10 +181,9 @@ RATE_MIN_SAMPLE = 256
 IN_PLACE_WINDOW: int | None = None
 
 
-def _calibration_slices(size: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
-    """A calibration's slices (offset, queries) of a queue of ``size`` queries: the warm-up, then two timed slices
-    (up to 2^15 lookups and an eighth of that), no query in two of them."""
-    warm = min(size // 8, 256)
+def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+    """A calibration's slices (offset, queries) of a queue of ``size`` queries: the warm-up's ``warm`` queries, then
+    two timed slices (up to 2^15 lookups and an eighth of that), no query in two of them."""
     big = min((size - warm) * 8 // 9, 1 << 15)
     return (0, warm), [(warm, big), (warm + big, max(1, big // 8))]
 
@@ -1397,9 +1397,20 @@ class ChunkedIndex:
         costs), then two timed slices of other queries (a slice the warm-up had read would come from the caches,
         the CPU's or the GPU's, not from where the chunk lies), of two sizes, so that the fit starts with a fixed
         time and a rate (module doc)."""
-        warm, timed = _calibration_slices(t.size)
-        self._timed(view, batch, S, t, [warm])
-        self._learn(name, self._timed(view, batch, S, t, timed), batch.points, reset=True)
+        if S.type == "cuda":
+            warm = min(t.size // 8, 256)
+        else:  # wide enough to start every thread of a parallel region (the CPU kernels take 256 queries per task,
+            # csrc/core/results_cpu.h), which the timed slices would otherwise pay
+            warm = min(t.size // 4, 256 * torch.get_num_threads())
+        warm, timed = _calibration_slices(t.size, warm)
+        slices = self._timed(view, batch, S, t, [warm])
+        samples = self._timed(view, batch, S, t, timed)
+        self._learn(name, samples, batch.points, reset=True)
+        with self._stats_lock:  # what each calibration timed, for stats(): a rate that came out wrong says why
+            kept = self._stats["calibrations"]
+            kept.append({"way": name, "points": batch.points, "slices": [list(x) for x in slices + samples],
+                         "rate": getattr(self, f"_{name}_rate"), "fixed_s": self._fixed_s[name]})
+            del kept[:-CALIBRATIONS_KEPT]
 
     def _timed(self, view: _View, batch: "_Batch", S: torch.device, t: _Task, slices: list) -> list:
         """(queries, seconds) of answering each (offset, size) slice of queue ``t`` on S with ``view``."""
@@ -2507,7 +2518,7 @@ class ChunkedIndex:
             "chunks_rebuilt": 0,
             "critical_mass": None, "break_even_queue": None, "cpu_rate": None, "copy_rate": None, "gpu_rate": None,
             "in_place_rate": None, "fixed_s": None,
-            "plan": None,
+            "plan": None, "calibrations": [],
             "time_s": {"partition": 0.0, "gpu_issue": 0.0, "gpu_wait": 0.0, "cpu": 0.0, "copy": 0.0, "merge": 0.0,
                        "load": 0.0, "hot": 0.0, "hot_rebuild": 0.0, "calibrate": 0.0, "total": 0.0},
         }
@@ -2543,9 +2554,12 @@ class ChunkedIndex:
         disk, hot-tier hits and rebuilds, chunks updated in place (``chunks_updated_in_place``) and rebuilt
         (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
         seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as timed on the copy stream,
-        merge, disk loads, hot tier, calibration, total, and the build), the cache's and the hot tier's current
-        contents, and ``last_batch``: the same counters and seconds for the last call alone."""
-        s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
+        merge, disk loads, hot tier, calibration, total, and the build), ``calibrations`` (the last
+        ``CALIBRATIONS_KEPT``: the way, whether on point lookups, each slice's lookups and seconds, warm-up first,
+        and the rate and fixed seconds they set), the cache's and the hot tier's current contents, and
+        ``last_batch``: the same counters and seconds for the last call alone."""
+        s = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
+             for k, v in self._stats.items()}
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
         s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._chunks)
