@@ -3,7 +3,8 @@ what the tier's own pass costs against the floor of its structure: the tier's cg
 table (benchmarks/baselines) over the same tier keys, on the same batch. Issue 12's Zipf 1.2 target: a probe of
 where the time goes, not a feature.
 
-    python benchmarks/tier_profile_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2]
+    python benchmarks/tier_profile_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2] [--heads 18,20,22]
+        [--no-hash]
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main() -> None:
     if dev.type == "cuda" and not a.no_hash:
         from baselines.hash_table import HashTable
         tier_keys = index._tier_keys().to(dev)
-        ht = HashTable(tier_keys[tier_keys != -1])
+        ht = HashTable(tier_keys[tier_keys != -1])  # the baseline reserves -1: its time, not its answers, counts
         print(f"hash table over the tier's {tier_keys.numel()} keys: {ht.nbytes() / 2**30:.2f} GiB", flush=True)
         for r in range(3):
             _, ms = timer.timed(lambda: ht.lookup(q), sync)

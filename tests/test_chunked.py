@@ -24,7 +24,7 @@ from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
 from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, ChunkCache, Rates, _align,
-                                   _Batch, _Chunk, _Scheduler, _search_bytes, _Task, plan)
+                                   _Batch, _calibration_slices, _Chunk, _Scheduler, _search_bytes, _Task, plan)
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
@@ -868,10 +868,10 @@ def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
 
 
 def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
-    """Every way's calibration (the CPU's, in place, the cache's) warms up on some of a queue's queries and times two
-    slices of others: a timed slice the warm-up had read would come from the caches (on the H100 the CPU's rate was
-    calibrated at 64-76 M/s that way, against 41-52 M/s in the batches after). The CPU's warm-up is wide enough to
-    start its threads, whose start a timed slice would pay."""
+    """Every way's calibration (here the CPU's and in place; the cache's shares the code) warms up on some of a
+    queue's queries and times two slices of others: a timed slice the warm-up had read would come from the caches (on
+    the H100 the CPU's rate was calibrated at 64-76 M/s that way, against 41-52 M/s in the batches after). The CPU's
+    warm-up is wide enough to start its threads, whose start a timed slice would pay."""
     keys = int64_keys("uniform", 200000, gen)
     index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
     index.read_in_place = True
@@ -896,8 +896,40 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
     shown = {c["way"]: c for c in index.stats()["calibrations"]}
     for name, slices in seen.items():
         c = shown[name]
-        assert c["points"] and [n for n, _ in c["slices"]] == [n for _, _, n in slices]
+        assert c["points"] and c["set"] and [n for n, _ in c["slices"]] == [n for _, _, n in slices]
         assert all(sec > 0 for _, sec in c["slices"]) and c["rate"] > 0 and c["fixed_s"] >= 0  # (the batch refits them)
+
+
+@pytest.mark.parametrize("size", [256, 512, 16640, 16896, 32768, 10**6])
+@pytest.mark.parametrize("threads", [1, 2, 16])
+def test_calibration_slices_are_disjoint_and_in_the_queue(size, threads):
+    """Every queue a calibration may take (256 lookups and up), with the warm-up of either device: three non-empty
+    slices one after the other within the queue, the timed ones of two sizes."""
+    for warm in (min(size // 8, 256), min(size // 4, 256 * threads)):
+        (a0, n0), [(a1, n1), (a2, n2)] = _calibration_slices(size, warm)
+        assert a0 == 0 and n0 == warm > 0 and a1 == n0 and a2 == a1 + n1 and a2 + n2 <= size
+        assert n1 > n2 > 0 and n1 <= 1 << 15
+
+
+def test_stats_keep_the_last_calibrations_as_copies(gen):
+    """stats()['calibrations'] keeps the latest CALIBRATIONS_KEPT, hands out copies, and reset_stats empties it."""
+    from torch_rtindex.chunked import CALIBRATIONS_KEPT
+    keys = int64_keys("uniform", 20000, gen)
+    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
+    q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
+    index.lookup(q)
+    task = _Task(index._chunks[0], 0, 4096, False, True)
+    batch = _Batch("lookup", q, None, None, torch.device("cpu"), None)
+    for _ in range(CALIBRATIONS_KEPT + 3):
+        index._calibrate_way("cpu", index._host_view(task.chunk), batch, task, torch.device("cpu"))
+    kept = index.stats()["calibrations"]
+    assert len(kept) == CALIBRATIONS_KEPT and all(c["way"] == "cpu" and len(c["slices"]) == 3 for c in kept)
+    kept[-1]["slices"].append([1, 1.0])
+    kept[-1]["rate"] = -1
+    again = index.stats()["calibrations"][-1]
+    assert len(again["slices"]) == 3 and again["rate"] > 0
+    index.reset_stats()
+    assert index.stats()["calibrations"] == []
 
 
 def _calibration(rate, fixed=1e-4):

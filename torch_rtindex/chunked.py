@@ -37,11 +37,12 @@ single queues move off the processor that ends last while that ends the batch so
 the CPU never keeps a queue the GPU would end the batch sooner with. A chunk larger than the cache is the CPU's. The
 plan is handed out on demand (the paper's scheme): a processor that runs out of its own queues takes over the
 other's last one if it would finish it before the other got through its backlog. The rates are calibrated once on
-the first batch that uses both processors (a slice of a queue answered on the CPU, a slice of a chunk copied in, one
-read in place) and then measured on every batch. A queue (a CPU call) costs a fixed time plus its lookups at a
-rate, both fitted to the measured queues of recent batches (:class:`_CostFit`): lookups over seconds of tiny queues
-is mostly their fixed time, not a rate. The copy rate is an exponential average. Rates are those of point lookups:
-a batch of another form sets one only until a point batch has measured it, and a point batch calibrates the CPU's,
+the first batch that uses both processors (a lookup way on its largest queue: a warm-up, then two slices of other
+queries timed, of two sizes; a slice of a chunk copied in) and then measured on every batch. A queue (a CPU call)
+costs a fixed time plus its lookups at a rate, both fitted to the measured queues of recent batches
+(:class:`_CostFit`): lookups over seconds of tiny queues is mostly their fixed time, not a rate. The copy rate is an
+exponential average. Rates are those of point lookups: a batch of another form sets one only until a point batch
+has measured it, and a point batch calibrates the CPU's,
 the in-place or the cache's rate again when 4 point batches have not measured it (a rate that priced its way out of
 every plan; the cache's on a big queue of a cached chunk), a wait that doubles, up to 64 batches, while such
 recalibrations confirm the rate. :meth:`ChunkedIndex.rates` shows them.
@@ -173,7 +174,7 @@ RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # A lookup way's rate that no calibration has set for a kind of batch (its queues too small to time one) is learned
 # from the batches' samples of at least this many lookups (a calibration's smallest queue).
 RATE_MIN_SAMPLE = 256
-CALIBRATIONS_KEPT = 16  # calibrations stats() shows, the latest
+CALIBRATIONS_KEPT = 16  # lookup ways' calibrations stats() shows, the latest
 # None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
 # Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
@@ -1405,11 +1406,13 @@ class ChunkedIndex:
         warm, timed = _calibration_slices(t.size, warm)
         slices = self._timed(view, batch, S, t, [warm])
         samples = self._timed(view, batch, S, t, timed)
+        before = (getattr(self, f"_{name}_rate"), self._fixed_s[name])
         self._learn(name, samples, batch.points, reset=True)
+        after = (getattr(self, f"_{name}_rate"), self._fixed_s[name])
         with self._stats_lock:  # what each calibration timed, for stats(): a rate that came out wrong says why
             kept = self._stats["calibrations"]
             kept.append({"way": name, "points": batch.points, "slices": [list(x) for x in slices + samples],
-                         "rate": getattr(self, f"_{name}_rate"), "fixed_s": self._fixed_s[name]})
+                         "rate": after[0], "fixed_s": after[1], "set": after != before})
             del kept[:-CALIBRATIONS_KEPT]
 
     def _timed(self, view: _View, batch: "_Batch", S: torch.device, t: _Task, slices: list) -> list:
@@ -1441,8 +1444,9 @@ class ChunkedIndex:
         return name in self._rate_age and self._rate_age[name] >= self._stale_after[name]
 
     def _slice_min(self, name: str, least: int) -> int:
-        """The largest queue a calibration of ``name`` needs: ``least`` for a rate still a guess or not measured on
-        point lookups; a stale point rate is replaced only by a slice whose time is its lookups' (RATE_QUEUE)."""
+        """The smallest queue a calibration of ``name`` takes: ``least`` for a rate still a guess or not measured on
+        point lookups; a stale point rate is replaced only from RATE_QUEUE more, so that the larger timed slice
+        (most of the queue beyond the warm-up: _calibration_slices) is timed by its lookups, not its call."""
         return least + RATE_QUEUE if self._by_points(name) else least
 
     def _learn(self, name: str, samples: list, points: bool, reset: bool = False) -> None:
@@ -2555,11 +2559,12 @@ class ChunkedIndex:
         (``chunks_rebuilt``) by updates, the rates and the plan (queries per processor) of the last chunk batch,
         seconds per stage (partition, GPU issue and pacing waits, CPU lookups, copies as timed on the copy stream,
         merge, disk loads, hot tier, calibration, total, and the build), ``calibrations`` (the last
-        ``CALIBRATIONS_KEPT``: the way, whether on point lookups, each slice's lookups and seconds, warm-up first,
-        and the rate and fixed seconds they set), the cache's and the hot tier's current contents, and
-        ``last_batch``: the same counters and seconds for the last call alone."""
-        s = {k: (dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v)
-             for k, v in self._stats.items()}
+        ``CALIBRATIONS_KEPT`` of a lookup way: the way, whether on point lookups, each slice's lookups and seconds,
+        warm-up first, the way's rate and fixed seconds after it, and whether it changed them), the cache's and the
+        hot tier's current contents, and ``last_batch``: the same counters and seconds for the last call alone."""
+        with self._stats_lock:
+            s = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._stats.items()}
+            s["calibrations"] = [dict(c, slices=[list(x) for x in c["slices"]]) for c in s["calibrations"]]
         s["resident_chunks"] = 0 if self._cache is None else len(self._cache.entries)
         s["resident_bytes"] = 0 if self._cache is None else self._cache.used()
         s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._chunks)
