@@ -319,8 +319,7 @@ def main() -> None:
                     top = rank_positions(torch.arange(index.hot_capacity_given), n)
                     given = index.warm(keys.index_select(0, top).to(dev))
                     print(f"hot_given {dist}: tier warmed with {given} of the {index.hot_capacity_given} hottest keys "
-                          f"in "
-                          f"{time.perf_counter() - t0:.1f} s", flush=True)
+                          f"in {time.perf_counter() - t0:.1f} s", flush=True)
                 index.reset_stats()
                 per_batch, ok = [], True
                 for i, pos in enumerate(pos_all):

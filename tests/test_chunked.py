@@ -1756,7 +1756,8 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     index.processors = "gpu"  # every queue copied in (the reservation stays), none taken over by the CPU
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # chunks fill both slabs
     assert any(e.arena is cache.shared for e in cache.entries.values())
-    in_first = {id(c) for c, e in cache.entries.items() if e.arena is cache.arena}  # ids: chunks kept alive would keep their views
+    # ids: chunks kept alive would keep their views
+    in_first = {id(c) for c, e in cache.entries.items() if e.arena is cache.arena}
     assert all(index._in_place_view(c).resident == _search_bytes(c.specs) for c in index._chunks)
     assert index.memory()["search"] == sum(_search_bytes(c.specs) for c in index._chunks)
     assert in_first <= {id(c) for c in cache.entries}  # the first slab's chunks stayed

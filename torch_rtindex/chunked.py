@@ -314,8 +314,9 @@ class _View:
 # ------------------------------------------------------------------------------------------------ the cache
 class _Arena:
     """One slab of the cache's memory: one allocation of ``budget`` bytes, carved into slots (chunks first fit
-    from the bottom, search parts from the top; coalescing). Chunks are copied into slots and read through views, so the cache never holds more than its budget and a
-    slot is reused exactly when the GPU has finished the last lookup that read it (events, not the allocator)."""
+    from the bottom, search parts from the top; coalescing). Chunks are copied into slots and read through views,
+    so the cache never holds more than its budget and a slot is reused exactly when the GPU has finished the last
+    lookup that read it (events, not the allocator)."""
 
     def __init__(self, budget: int, device: torch.device) -> None:
         self.budget, self.device = budget, device
@@ -1579,8 +1580,7 @@ class ChunkedIndex:
         uniq, inverse = torch.unique(flipped, return_inverse=True)
         first = torch.full((uniq.numel(),), flipped.numel(), dtype=torch.int64, device=flipped.device)
         first.scatter_reduce_(0, inverse, torch.arange(flipped.numel(), device=flipped.device), "amin")
-        # Twice the capacity: room for keys that turn out to be absent, without an unbounded fetch.
-        prio = uniq.index_select(0, torch.sort(first).indices)[: 2 * self._tier_room(learn)]
+        prio = uniq.index_select(0, torch.sort(first).indices)  # (_rebuild_hot fetches twice what fits, at most)
         self._clear_hot()
         self.hot_learn = learn
         self._rebuild_hot(prio, qlo.device)
@@ -1628,7 +1628,7 @@ class ChunkedIndex:
         if not self.hot_learn:
             self._hot_cand = None  # learning nothing: the candidates' share of the reservation holds pairs
         room = self._tier_room()
-        prio = prio[: 2 * room].to(D)  # (warm's bound: room for keys that turn out to be absent)
+        prio = prio[: 2 * room].to(D)  # room for keys that turn out to be absent, without an unbounded fetch
         if prio.numel() == 0:
             return
         offsets, rows = self._serve("csr", prio ^ TOP, None, None, D)
