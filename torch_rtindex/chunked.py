@@ -894,7 +894,6 @@ class ChunkedIndex:
         self._rows_are_positions = True
         self._copy_stream = None
         self._io_stream = None
-        self._answers_staging = _Staging()  # the CPU's point answers on their way to a CUDA batch (_joined)
         self._cpu_rate = 4e6 * torch.get_num_threads()  # queries/s: a guess until the first measurement
         self._copy_rate = 25e9 if dev.type == "cuda" else 5e9  # bytes/s: likewise
         self._gpu_rate = 1e9 if dev.type == "cuda" else self._cpu_rate  # lookups/s from the cache: likewise
@@ -2053,7 +2052,7 @@ class ChunkedIndex:
         if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
             first = torch.full((q,), -1, dtype=torch.int64, device=D)
             count = torch.zeros(q, dtype=torch.int64, device=D)
-            for idx, f, c in _joined(tasks, sq, D, self._answers_staging):
+            for idx, f, c in _joined(tasks, sq, D):
                 first.index_copy_(0, idx, f)
                 count.index_copy_(0, idx, c)
             return first, count
@@ -2712,59 +2711,25 @@ class _Batch:
 
 
 # ------------------------------------------------------------------------------------------------- helpers
-class _Staging:
-    """One pinned host buffer, grown (never shrunk) and reused by every batch: fresh pinned tensors come from the
-    caching host allocator's power-of-two bins, so each batch whose size falls in a bin not seen before pins new
-    memory inside the batch, which is slow at these sizes. ``take`` waits for the copies that read the previous
-    batch's contents; ``done`` marks the copies just issued on ``device``'s current stream."""
-
-    def __init__(self) -> None:
-        self._buf: torch.Tensor | None = None
-        self._event: Any = None
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        if self._event is not None:
-            self._event.synchronize()
-            self._event = None
-        if self._buf is None or self._buf.numel() < nbytes:
-            self._buf = None  # released first, so a failed allocation leaves nothing half made
-            self._buf = torch.empty(1 << max(20, (nbytes - 1).bit_length()), dtype=torch.uint8, pin_memory=True)
-        return self._buf
-
-    def done(self, device: torch.device) -> None:
-        self._event = torch.cuda.Event()
-        self._event.record(torch.cuda.current_stream(device))
-
-    @property
-    def nbytes(self) -> int:
-        return 0 if self._buf is None else self._buf.numel()
-
-
-def _joined(tasks: list, sq: torch.Tensor, D: torch.device, staging: _Staging | None = None):
+def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
-    The CPU's answers cross to D in one asynchronous copy per part out of pinned memory (``staging`` where given)."""
+    The CPU's answers cross to D in one pinned copy."""
     by_device: dict[torch.device, list] = {}
     for t in tasks:
         by_device.setdefault(t.result[1].device, []).append(t)
     for dev, ts in by_device.items():
         # Every queue on one device: their positions are all of sq, in order (queues follow sq).
         idx = sq if len(ts) == len(tasks) else torch.cat([sq[t.start : t.start + t.size] for t in ts])
-        xs = [[t.result[k] for t in ts] for k in (1, 2)]
-        if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then asynchronous copies
-            sizes = [sum(v.numel() for v in x) * x[0].element_size() for x in xs]
-            at = _align(sizes[0])
-            buf = torch.empty(at + sizes[1], dtype=torch.uint8, pin_memory=True) if staging is None else \
-                staging.take(at + sizes[1])
-            parts = []
-            for x, off, size in zip(xs, (0, at), sizes):
-                out = buf[off : off + size].view(x[0].dtype)
-                torch.cat(x, out=out)
-                parts.append(out.to(D, non_blocking=True))
-            if staging is not None:
-                staging.done(D)
-        else:  # to the CPU: waited for, it is read next
-            parts = [(torch.cat(x) if len(x) > 1 else x[0]).to(D, non_blocking=D.type == "cuda") for x in xs]
+        parts = []
+        for k in (1, 2):
+            xs = [t.result[k] for t in ts]
+            if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
+                x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=True)
+                torch.cat(xs, out=x)
+            else:
+                x = torch.cat(xs) if len(xs) > 1 else xs[0]
+            parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
 
 
