@@ -1554,6 +1554,18 @@ def test_tier_profile_probe_smoke_on_cpu():
     assert len(heads) == 6 and all(x.endswith("(same as the tier alone: True)") for x in heads)
 
 
+def test_sorted_misses_probe_smoke_on_cpu():
+    """The sorted-misses probe runs on the CPU at tiny sizes, and its sorted answers equal those as they come."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sorted_misses_probe.py"), "--device", "cpu", "--log-keys", "16",
+         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--rounds", "1"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("misses", "chunk"))]
+    assert len(lines) == 10 and all(x.endswith("same True") for x in lines)
+
+
 def test_readme_section_runs():
     from test_readme_examples import python_blocks
 

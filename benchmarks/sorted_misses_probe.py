@@ -1,0 +1,91 @@
+"""Whether a given tier's misses are served faster from the chunks when sorted by key: within a chunk's queue the
+lookups then walk its host memory in address order (the GPU's in-place reads stay within a few pages of
+each other, the CPU's searches follow the prefetcher) instead of jumping over the whole chunk. Issue 12's
+Zipf 1.2 target: a probe, not a feature.
+
+On the same index and Zipf batch: the tier's misses (the library's tier pass) served by the library with the
+tier off, as they come and sorted (rounds alternate, three batches each); then one chunk's queue answered in
+place by the GPU and on the CPU, as it comes and sorted; the sort's own time. Every sorted answer is checked
+against the unsorted one.
+
+    python benchmarks/sorted_misses_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
+
+from torch_rtindex.chunked import _Batch  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_tier_probe_args(ap, zipf=1.2, batches=2, device=True)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of (as they come, sorted) library batches")
+    a = ap.parse_args()
+    index, batches, dev, sync = tier_probe_on_device(a)
+    timer = GcTimer()
+    q = batches[-1]
+    for i, b in enumerate(batches):
+        _, ms = timer.timed(lambda: index.lookup(b), sync)
+        print(f"library batch {i} (tier on): {ms:7.2f} ms", flush=True)
+    qlo, _ = index._check_queries(q, None)
+    _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
+    miss = q[count == 0]
+    for _ in range(3):
+        srt, ms = timer.timed(lambda: torch.sort(miss).values, sync)
+        print(f"sort of the {miss.numel()} misses: {ms:6.3f} ms", flush=True)
+    index.hot_tier = False
+    want = index.lookup(miss)
+    perm = torch.sort(miss).indices
+    for r in range(a.rounds):
+        for name, x in (("as they come", miss), ("sorted", srt)):
+            for _ in range(3):
+                out, ms = timer.timed(lambda: index.lookup(x), sync)
+                st = index.stats()["last_batch"]
+                same = all(torch.equal(o, w.index_select(0, perm) if x is srt else w) for o, w in zip(out, want))
+                print(f"misses {name:12s} round {r}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  gpu "
+                      f"{st['queries_gpu']:8d} (in place {st['queries_in_place']:8d})  stages " +
+                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
+                      flush=True)
+    # One chunk's queue, the fullest, answered by each way alone.
+    lo = torch.tensor([c["lo"] for c in index.chunk_info()][1:], dtype=torch.int64)
+    mlo, _ = index._check_queries(miss.cpu(), None)
+    cid = torch.searchsorted(lo, mlo, right=True)
+    j = int(torch.bincount(cid).argmax())
+    chunk = index._chunks[j]
+    mine = mlo[cid == j]
+    ways = [("cpu", index._host_view(chunk), torch.device("cpu"))]
+    if dev.type == "cuda":
+        ways.insert(0, ("in place", index._in_place_view(chunk), dev))
+    for name, view, S in ways:
+        ref = None
+        for order, x in (("as they come", mine), ("sorted", torch.sort(mine).values)) * 2:
+            x = x.to(S)
+            bt = _Batch("lookup", x, None, None, S, None)
+            times = []
+            for _ in range(5):
+                sync()
+                t0 = time.perf_counter()
+                out = index._answer(view, bt, x, None, S)
+                sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+            got = sorted(zip(x.tolist(), out[1].tolist(), out[2].tolist()))
+            ref = ref or got
+            best = min(times)
+            print(f"chunk {j} queue of {x.numel()} misses, {name:8s} {order:12s}: best {best:7.3f} ms "
+                  f"({x.numel() / best / 1e3:7.1f} M/s), all {' '.join(f'{t:.3f}' for t in times)}  same "
+                  f"{got == ref}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
