@@ -3,10 +3,10 @@ lookups then walk its host memory in address order (the GPU's in-place reads sta
 each other, the CPU's searches follow the prefetcher) instead of jumping over the whole chunk. Issue 12's
 Zipf 1.2 target: a probe, not a feature.
 
-On the same index and Zipf batch: the tier's misses (the library's tier pass) served by the library with the
-tier off, as they come and sorted (rounds alternate, three batches each); then one chunk's queue answered in
-place by the GPU and on the CPU, as it comes and sorted; the sort's own time. Every sorted answer is checked
-against the unsorted one.
+On the same index and Zipf batches: the library's batches with its switch (``chunked.SORT_TIER_MISSES``) off and
+on, rounds alternating; the tier's misses of one batch served by the library with the tier off, as they come and
+sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes and sorted; the sort's own
+time. Every answer is checked against the one with the misses as they come.
 
     python benchmarks/sorted_misses_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2] [--rounds 2]
 """
@@ -24,7 +24,8 @@ import torch  # noqa: E402
 
 from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
 
-from torch_rtindex.chunked import _Batch  # noqa: E402
+from torch_rtindex import chunked  # noqa: E402
+from torch_rtindex.chunked import TOP, _Batch  # noqa: E402
 
 
 def main() -> None:
@@ -35,9 +36,20 @@ def main() -> None:
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
     q = batches[-1]
-    for i, b in enumerate(batches):
-        _, ms = timer.timed(lambda: index.lookup(b), sync)
-        print(f"library batch {i} (tier on): {ms:7.2f} ms", flush=True)
+    chunked.SORT_TIER_MISSES = False
+    want = [index.lookup(b) for b in batches]  # the reference, and a warm-up
+    for r in range(a.rounds):  # the library's own switch, rounds alternating on the same index and batches
+        for on in (False, True):
+            chunked.SORT_TIER_MISSES = on
+            for i, b in enumerate(batches):
+                out, ms = timer.timed(lambda: index.lookup(b), sync)
+                st = index.stats()["last_batch"]
+                same = all(torch.equal(o, w) for o, w in zip(out, want[i]))
+                print(f"library batch {i} (tier on, misses {'sorted' if on else 'as they come'}) round {r}: "
+                      f"{ms:7.2f} ms  cpu {st['queries_cpu']:8d}  gpu {st['queries_gpu']:8d}  stages " +
+                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
+                      flush=True)
+    chunked.SORT_TIER_MISSES = True
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
     miss = q[count == 0]
@@ -58,9 +70,9 @@ def main() -> None:
                       " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
                       flush=True)
     # One chunk's queue, the fullest, answered by each way alone.
-    lo = torch.tensor([c["lo"] for c in index.chunk_info()][1:], dtype=torch.int64)
+    lo = torch.tensor([c["lo"] for c in index.chunk_info()][1:], dtype=torch.int64) ^ TOP  # signed order
     mlo, _ = index._check_queries(miss.cpu(), None)
-    cid = torch.searchsorted(lo, mlo, right=True)
+    cid = torch.searchsorted(lo, mlo ^ TOP, right=True)
     j = int(torch.bincount(cid).argmax())
     chunk = index._chunks[j]
     mine = mlo[cid == j]
@@ -69,8 +81,8 @@ def main() -> None:
         ways.insert(0, ("in place", index._in_place_view(chunk), dev))
     for name, view, S in ways:
         ref = None
-        for order, x in (("as they come", mine), ("sorted", torch.sort(mine).values)) * 2:
-            x = x.to(S)
+        for order, x in (("as they come", mine), ("sorted", mine)) * 2:
+            x = (x if order == "as they come" else (torch.sort(x ^ TOP).values ^ TOP)).to(S)
             bt = _Batch("lookup", x, None, None, S, None)
             times = []
             for _ in range(5):

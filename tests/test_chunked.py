@@ -1562,8 +1562,8 @@ def test_sorted_misses_probe_smoke_on_cpu():
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(("misses", "chunk"))]
-    assert len(lines) == 10 and all(x.endswith("same True") for x in lines)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("library", "misses", "chunk"))]
+    assert len(lines) == 12 and all(x.endswith("same True") for x in lines)
 
 
 def test_readme_section_runs():

@@ -180,6 +180,9 @@ CALIBRATIONS_KEPT = 16  # lookup ways' calibrations stats() shows, the latest
 # queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
 # spread over more host memory than the GPU's address translation covers at speed (benchmarks/results/).
 IN_PLACE_WINDOW: int | None = None
+# The hot tier's misses go to the chunks sorted by key, so that within a chunk's queue the lookups read its memory
+# in address order (the GPU's in-place reads, the CPU's searches) rather than all over it. False: as they come.
+SORT_TIER_MISSES = True
 
 
 def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -1668,6 +1671,9 @@ class ChunkedIndex:
         self._stats["time_s"]["hot"] += time.perf_counter() - t0
         self._count("hot_hits", hits)
         qmiss = qlo.index_select(0, miss)
+        if SORT_TIER_MISSES and miss.numel() > 1:
+            flipped, order = torch.sort(qmiss ^ TOP)
+            qmiss, miss = flipped ^ TOP, miss.index_select(0, order)
         if form == "lookup":
             if miss.numel():
                 rf, rc = self._serve("lookup", qmiss, None, None, D)
