@@ -245,6 +245,30 @@ def test_hot_key_tier_answers_every_point_form(gen):
     assert index.stats()["hot_hits"] > before
 
 
+@pytest.mark.parametrize("sort_misses", [False, True])
+def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_misses):
+    """The tier's misses reach the chunks in unsigned key order (SORT_TIER_MISSES), or as they come: the same
+    answers in every point form, keys over the whole 64-bit range with duplicates."""
+    from torch_rtindex import chunked as chunked_mod
+
+    monkeypatch.setattr(chunked_mod, "SORT_TIER_MISSES", sort_misses)
+    keys = torch.cat([int64_keys("uniform", 2500, gen), int64_keys("duplicates", 500, gen)])
+    index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=64)
+    index.hot_learn = False
+    index.warm(keys[:64])
+    served = []
+    serve = index._serve
+    monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append(lo) or serve(form, lo, *a))
+    cg = CgRXIndex(keys)
+    values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
+    for _ in range(3):
+        q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
+        point_forms_equal(index, cg, q[torch.randperm(q.numel(), generator=gen)], values)
+    assert index.stats()["hot_hits"] > 0 and served
+    unsigned = [x ^ I64_MIN for x in served]  # the order the chunks are in
+    assert all(bool((u[1:] >= u[:-1]).all()) for u in unsigned) == sort_misses
+
+
 def test_hot_tier_warm_learning_and_pauses(gen):
     keys = int64_keys("uniform", 3000, gen)
     cg = CgRXIndex(keys)

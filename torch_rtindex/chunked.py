@@ -62,7 +62,8 @@ fine, as long as no chunk holds 2^32 keys or more.
 
 **Hot keys**: a second, GPU-resident tier: a cgRX index over the hottest keys with all their row IDs, so that a
 point query (:meth:`ChunkedIndex.lookup`, ``lookup_all``, ``aggregate``, the capped form) for a hot key gets its
-complete answer without touching a chunk; the other queries go through the chunks, ranges always do. Skewed
+complete answer without touching a chunk; the other queries go through the chunks (sorted by key, so that each
+chunk's queue reads its memory in address order: ``SORT_TIER_MISSES``), ranges always do. Skewed
 lookups of hashed IDs touch every chunk, so a key-range cache alone cannot serve them from the GPU. Which keys:
 learned from the point batches (a sample of each counted into decayed per-key counts; keys counted at least twice
 are candidates, keys seen once too where that adds a useful share), the tier rebuilt (its keys' rows fetched
