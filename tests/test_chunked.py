@@ -245,24 +245,27 @@ def test_hot_key_tier_answers_every_point_form(gen):
     assert index.stats()["hot_hits"] > before
 
 
-@pytest.mark.parametrize("sort_misses", [False, True])
-def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_misses):
-    """The tier's misses reach the chunks in unsigned key order (SORT_TIER_MISSES), or as they come: the same
-    answers in every point form, keys over the whole 64-bit range with duplicates."""
+@pytest.mark.parametrize("sort_misses,key_type", [(False, "int64"), (True, "int64"), (True, "uint64"),
+                                                   (True, "int32"), (True, "float64")])
+def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_misses, key_type):
+    """The tier's misses reach the chunks in the chunks' order (unsigned order of the mapped keys:
+    SORT_TIER_MISSES), or as they come: the same answers in every point form, keys over their type's whole range
+    with duplicates."""
     from torch_rtindex import chunked as chunked_mod
 
     monkeypatch.setattr(chunked_mod, "SORT_TIER_MISSES", sort_misses)
-    keys = torch.cat([int64_keys("uniform", 2500, gen), int64_keys("duplicates", 500, gen)])
-    index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=64)
+    keys = keys_of_type(key_type, 2500, gen)
+    keys = torch.cat([keys, keys[:500]])
+    index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=64, key_type=key_type)
     index.hot_learn = False
     index.warm(keys[:64])
     served = []
     serve = index._serve
     monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append(lo) or serve(form, lo, *a))
-    cg = CgRXIndex(keys)
+    cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
     for _ in range(3):
-        q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
+        q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), keys[-504:-500]])
         point_forms_equal(index, cg, q[torch.randperm(q.numel(), generator=gen)], values)
     assert index.stats()["hot_hits"] > 0 and served
     unsigned = [x ^ I64_MIN for x in served]  # the order the chunks are in
