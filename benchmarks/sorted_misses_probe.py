@@ -32,6 +32,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_tier_probe_args(ap, zipf=1.2, batches=2, device=True)
     ap.add_argument("--rounds", type=int, default=2, help="rounds of (as they come, sorted) library batches")
+    ap.add_argument("--windows", default="", help="IN_PLACE_WINDOW values to try with the misses sorted, comma "
+                    "separated ('none': a launch per queue; N: one launch, at most about N lookups in flight)")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
@@ -50,6 +52,20 @@ def main() -> None:
                       " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
                       flush=True)
     chunked.SORT_TIER_MISSES = True
+    windows = [None if w == "none" else int(w) for w in a.windows.split(",") if w]
+    for r in range(a.rounds if windows else 0):  # sorted misses in one launch swept in address order
+        for w in windows:
+            chunked.IN_PLACE_WINDOW = w
+            for i, b in enumerate(batches):
+                out, ms = timer.timed(lambda: index.lookup(b), sync)
+                st = index.stats()["last_batch"]
+                same = all(torch.equal(o, x) for o, x in zip(out, want[i]))
+                print(f"library batch {i} (tier on, misses sorted, window {w}) round {r}: {ms:7.2f} ms  cpu "
+                      f"{st['queries_cpu']:8d}  in place {st['queries_in_place']:8d}  in-place rate "
+                      f"{index.rates().in_place / 1e6:6.1f} M/s  stages " +
+                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
+                      flush=True)
+    chunked.IN_PLACE_WINDOW = None
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
     miss = q[count == 0]
