@@ -1,7 +1,7 @@
 """How the GPU should launch the queues it reads in place (chunks in pinned host memory, over PCIe): a launch per
 queue, or all of them in one cgrx_lookup_queues launch with at most a window of lookups in flight (swept queue by
 queue); the CPU's threads. One index of 2^--log-keys uniform keys, gpu_budget a quarter of its bytes, a tier given the 2^26 hottest
-keys, Zipf batches (their misses are the small queues read in place); the same fresh batches for every variant,
+keys, Zipf batches (their misses, sorted by key, are the small queues read in place); the same fresh batches for every variant,
 answers compared across variants.
 
     python benchmarks/in_place_group_probe.py [--log-keys 30] [--log-lookups 27] [--variants queue 16384 queue+t15]

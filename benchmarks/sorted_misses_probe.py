@@ -53,6 +53,7 @@ def main() -> None:
                       flush=True)
     chunked.SORT_TIER_MISSES = True
     windows = [None if w == "none" else int(w) for w in a.windows.split(",") if w]
+    default_window = chunked.IN_PLACE_WINDOW
     for r in range(a.rounds if windows else 0):  # sorted misses in one launch swept in address order
         for w in windows:
             chunked.IN_PLACE_WINDOW = w
@@ -65,7 +66,7 @@ def main() -> None:
                       f"{index.rates().in_place / 1e6:6.1f} M/s  stages " +
                       " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
                       flush=True)
-    chunked.IN_PLACE_WINDOW = None
+    chunked.IN_PLACE_WINDOW = default_window
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
     miss = q[count == 0]

@@ -264,8 +264,13 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append(lo) or serve(form, lo, *a))
     cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
+    edges = keys[-504:-500]
+    if key_type == "int64":  # the chunks' first keys and their predecessors: where one queue's run ends
+        first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
+        edges = torch.cat([edges, first, first - 1])
+        assert first.numel() > 3
     for _ in range(3):
-        q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), keys[-504:-500]])
+        q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), edges])
         point_forms_equal(index, cg, q[torch.randperm(q.numel(), generator=gen)], values)
     assert index.stats()["hot_hits"] > 0 and served
     unsigned = [x ^ I64_MIN for x in served]  # the order the chunks are in
@@ -1151,8 +1156,8 @@ def test_queues_read_in_place_next_to_cached_ones(device, gen, monkeypatch):
 @pytest.mark.parametrize("processors", ["auto", "cpu"])
 def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
     """Point queues of chunks holding row offsets go in groups, one operator call each: every queue the GPU reads
-    in place (on a CPU index, its stand-in), and the CPU worker's small queues; the answers are the reference's
-    (duplicates, misses, the 64-bit edges)."""
+    in place (on a CPU index, its stand-in) of a batch in key order (the tier's misses), and the CPU worker's small
+    queues; the answers are the reference's (duplicates, misses, the 64-bit edges)."""
     import torch_rtindex.chunked as chunked_module
 
     calls = []
@@ -1166,10 +1171,14 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
     monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 64)  # several CPU groups per batch
     monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)  # the GPU's in-place queues in one launch
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors=processors, hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors=processors,
+                    hot_keys=64 if processors == "auto" else 0)
     if processors == "auto":
         index.read_in_place = True
+        index.hot_learn = False
+        index.warm(keys[:8].to(device))  # the misses of a tier go to the chunks in key order
         _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+        calls.clear()
     ref = Reference(keys, "int64")
     for _ in range(3):
         q = torch.cat([point_queries(keys, 600, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1, 1, -2])])
@@ -1177,7 +1186,8 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
         check_lookup(index.lookup(q.to(device)), first, count)
     if processors == "auto":  # every queue read in place: one group per batch, on the GPU's device
         assert [c[0] for c in calls] == [index.device.type] * 3 and all(n > 5 for _, n in calls)
-        assert index.stats()["queries_in_place"] == index.stats()["queries"]
+        s = index.stats()
+        assert s["hot_hits"] > 0 and s["queries_in_place"] == s["queries"] - s["hot_hits"]
     else:
         assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
 

@@ -17,8 +17,9 @@ in the cache is copied in on a copy stream, overlapping the lookups of the previ
 ``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
 release the GIL). The CPU worker answers small point queues of chunks holding row offsets in groups of about
 ``CPU_GROUP_QUERIES`` queries, one ``cgrx_lookup_queues`` call spreading all of a group's queries over the cores (a
-queue alone would pay its call and a parallel region). The GPU reads each queue's chunk in place in a launch of its
-own (``IN_PLACE_WINDOW``: one launch for all such queues read more host memory at once and was slower).
+queue alone would pay its call and a parallel region). The GPU reads the queues of a batch sorted by key (the hot
+tier's misses) in place in one launch sweeping them in chunk order (``IN_PLACE_WINDOW``); those of any other batch
+each in a launch of its own (one launch for them read every chunk's host memory at once and was slower).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
 rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
@@ -176,11 +177,12 @@ RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # from the batches' samples of at least this many lookups (a calibration's smallest queue).
 RATE_MIN_SAMPLE = 256
 CALIBRATIONS_KEPT = 16  # lookup ways' calibrations stats() shows, the latest
-# None: the GPU reads each queue's chunk in place in a launch of its own, one chunk's host memory at a time.
-# Otherwise all such queues go in one launch with at most about this many lookups in flight, swept queue by
-# queue (cgrx_lookup_queues; 0: no limit). Every window measured was slower than a launch per queue: lookups
-# spread over more host memory than the GPU's address translation covers at speed (benchmarks/results/).
-IN_PLACE_WINDOW: int | None = None
+# The in-place queues of a batch sorted by key (the tier's misses) go in one launch with at most about this many
+# lookups in flight, swept queue by queue (cgrx_lookup_queues; 0: no limit); None: a launch per queue. Other
+# batches' queues, in no order within a chunk, always get a launch per queue: every window measured for them was
+# slower, their lookups in flight spread over more host memory than the GPU's address translation covers at speed
+# (benchmarks/results/).
+IN_PLACE_WINDOW: int | None = 1 << 14
 # The hot tier's misses go to the chunks sorted by key, so that within a chunk's queue the lookups read its memory
 # in address order (the GPU's in-place reads, the CPU's searches) rather than all over it. False: as they come.
 SORT_TIER_MISSES = True
@@ -1675,9 +1677,10 @@ class ChunkedIndex:
         if SORT_TIER_MISSES and miss.numel() > 1:
             flipped, order = torch.sort(qmiss ^ TOP)
             qmiss, miss = flipped ^ TOP, miss.index_select(0, order)
+        key_order = SORT_TIER_MISSES
         if form == "lookup":
             if miss.numel():
-                rf, rc = self._serve("lookup", qmiss, None, None, D)
+                rf, rc = self._serve("lookup", qmiss, None, None, D, key_order)
                 first.index_copy_(0, miss, rf)
                 count.index_copy_(0, miss, rc)
             return (first, count), hits
@@ -1690,14 +1693,14 @@ class ChunkedIndex:
             count = torch.zeros(q, dtype=torch.int64, device=D).index_copy_(0, idx, hc)
             total = torch.zeros(q, dtype=sum_dtype, device=D).index_copy_(0, idx, hs)
             if miss.numel():
-                mc, ms = self._serve("aggregate", qmiss, None, values, D)
+                mc, ms = self._serve("aggregate", qmiss, None, values, D, key_order)
                 count.index_copy_(0, miss, mc)
                 total.index_copy_(0, miss, ms)
             return (count, total), hits
         _, hoff, hrows = self._answer(view, _Batch("csr", qhit, None, None, D, None), qhit, None, D)
         parts = [(idx, hoff, hrows)]
         if miss.numel():
-            parts.append((miss, *self._serve("csr", qmiss, None, None, D)))
+            parts.append((miss, *self._serve("csr", qmiss, None, None, D, key_order)))
         return _combine_csr(q, parts, D), hits
 
     def _learn_hot(self, qlo: torch.Tensor, share: float) -> None:
@@ -1763,8 +1766,11 @@ class ChunkedIndex:
                 self._hot_skip = HOT_PAUSE
 
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
-               D: torch.device):
-        """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge."""
+               D: torch.device, key_order: bool = False):
+        """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge. ``key_order``:
+        point queries sorted by key (the tier's misses), so that their queues hold runs in key order (the
+        partition moves each tile of queries as a whole) and the GPU reads them in place in one launch
+        (``IN_PLACE_WINDOW``)."""
         t_start = time.perf_counter()
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
@@ -1814,7 +1820,7 @@ class ChunkedIndex:
             part_event.record()
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
-        batch = _Batch(form, s_lo, s_hi, values, D, part_event)
+        batch = _Batch(form, s_lo, s_hi, values, D, part_event, key_order=key_order and qhi is None)
         for t in tasks:
             t.grouped = self._groups(batch, t)
         # The rates the calibration measures (the cache's lookup rate only when stale: the batches measure it).
@@ -1907,7 +1913,7 @@ class ChunkedIndex:
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
                 group = [task]
-                if in_place and IN_PLACE_WINDOW is not None and task.grouped:  # one launch for all
+                if in_place and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:  # one launch
                     group += sched.claim_more("gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and t.grouped)
                 if len(group) > 1:
                     entry, view = None, None
@@ -2674,6 +2680,7 @@ class _Batch:
     values: torch.Tensor | None
     D: torch.device
     part_event: Any
+    key_order: bool = False  # the queries came sorted by key (ChunkedIndex._serve's key_order)
     copies: list = field(default_factory=list)
     gpu_lookups: list = field(default_factory=list)  # (start event, end event or seconds, queries) per GPU queue
     in_place_lookups: list = field(default_factory=list)  # the same for queues the GPU read in place
