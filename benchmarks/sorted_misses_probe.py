@@ -4,7 +4,8 @@ each other, the CPU's searches follow the prefetcher) instead of jumping over th
 Zipf 1.2 target: a probe, not a feature.
 
 On the same index and Zipf batches: the library's batches with its switch (``chunked.SORT_TIER_MISSES``) off and
-on, rounds alternating; the tier's misses of one batch served by the library with the tier off, as they come and
+on, rounds alternating (on: also the window's default, ``IN_PLACE_WINDOW``, for the sorted misses; b1c33ac and
+c5f97df ran it with a launch per queue); with ``--windows``, rounds of the sorted misses per window; the tier's misses of one batch served by the library with the tier off, as they come and
 sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes and sorted; the sort's own
 time. Every answer is checked against the one with the misses as they come.
 
@@ -40,32 +41,28 @@ def main() -> None:
     q = batches[-1]
     chunked.SORT_TIER_MISSES = False
     want = [index.lookup(b) for b in batches]  # the reference, and a warm-up
+
+    def library_round(label: str, r: int) -> None:
+        for i, b in enumerate(batches):
+            out, ms = timer.timed(lambda: index.lookup(b), sync)
+            st = index.stats()["last_batch"]
+            same = all(torch.equal(o, w) for o, w in zip(out, want[i]))
+            print(f"library batch {i} (tier on, misses {label}) round {r}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}"
+                  f"  gpu {st['queries_gpu']:8d} (in place {st['queries_in_place']:8d}, fitted "
+                  f"{index.rates().in_place / 1e6:.1f} M/s)  stages " +
+                  " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}", flush=True)
+
     for r in range(a.rounds):  # the library's own switch, rounds alternating on the same index and batches
         for on in (False, True):
             chunked.SORT_TIER_MISSES = on
-            for i, b in enumerate(batches):
-                out, ms = timer.timed(lambda: index.lookup(b), sync)
-                st = index.stats()["last_batch"]
-                same = all(torch.equal(o, w) for o, w in zip(out, want[i]))
-                print(f"library batch {i} (tier on, misses {'sorted' if on else 'as they come'}) round {r}: "
-                      f"{ms:7.2f} ms  cpu {st['queries_cpu']:8d}  gpu {st['queries_gpu']:8d}  stages " +
-                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
-                      flush=True)
+            library_round("sorted" if on else "as they come", r)
     chunked.SORT_TIER_MISSES = True
     windows = [None if w == "none" else int(w) for w in a.windows.split(",") if w]
     default_window = chunked.IN_PLACE_WINDOW
-    for r in range(a.rounds if windows else 0):  # sorted misses in one launch swept in address order
+    for r in range(a.rounds if windows else 0):  # the sorted misses' in-place queues in one launch
         for w in windows:
             chunked.IN_PLACE_WINDOW = w
-            for i, b in enumerate(batches):
-                out, ms = timer.timed(lambda: index.lookup(b), sync)
-                st = index.stats()["last_batch"]
-                same = all(torch.equal(o, x) for o, x in zip(out, want[i]))
-                print(f"library batch {i} (tier on, misses sorted, window {w}) round {r}: {ms:7.2f} ms  cpu "
-                      f"{st['queries_cpu']:8d}  in place {st['queries_in_place']:8d}  in-place rate "
-                      f"{index.rates().in_place / 1e6:6.1f} M/s  stages " +
-                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
-                      flush=True)
+            library_round(f"sorted, window {w}", r)
     chunked.IN_PLACE_WINDOW = default_window
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
