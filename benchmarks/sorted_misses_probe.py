@@ -4,10 +4,10 @@ each other, the CPU's searches follow the prefetcher) instead of jumping over th
 Zipf 1.2 target: a probe, not a feature.
 
 On the same index and Zipf batches: the library's batches with its switch (``chunked.SORT_TIER_MISSES``) off and
-on, rounds alternating (on: also the window's default, ``IN_PLACE_WINDOW``, for the sorted misses; b1c33ac and
-c5f97df ran it with a launch per queue); with ``--windows``, rounds of the sorted misses per window; the tier's misses of one batch served by the library with the tier off, as they come and
-sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes and sorted; the sort's own
-time. Every answer is checked against the one with the misses as they come.
+on, rounds alternating (on: with the sorted misses' window, ``IN_PLACE_WINDOW``, at its value of the time); with
+``--windows``, rounds of the sorted misses per window; the tier's misses of one batch served by the library with
+the tier off, as they come and sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes
+and sorted; the sort's own time. Every answer is checked against the one with the misses as they come.
 
     python benchmarks/sorted_misses_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2] [--rounds 2]
 """
