@@ -7,7 +7,9 @@ On the same index and Zipf batches: the library's batches with its switch (``chu
 on, rounds alternating (on: with the sorted misses' window, ``IN_PLACE_WINDOW``, at its value of the time); with
 ``--windows``, rounds of the sorted misses per window; the tier's misses of one batch served by the library with
 the tier off, as they come and sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes
-and sorted; the sort's own time. Every answer is checked against the one with the misses as they come.
+and sorted (the tier off, so no window: a launch per queue; sorted as int64 keys, the chunks' order for the int64
+keys the probe builds); the sort's own time. Every answer is checked against the one with the misses as they
+come.
 
     python benchmarks/sorted_misses_probe.py [--log-keys 30] [--log-lookups 27] [--zipf 1.2] [--rounds 2]
 """

@@ -246,7 +246,7 @@ def test_hot_key_tier_answers_every_point_form(gen):
 
 
 @pytest.mark.parametrize("sort_misses,key_type", [(False, "int64"), (True, "int64"), (True, "uint64"),
-                                                   (True, "int32"), (True, "float64")])
+                                                   (True, "int32"), (True, "float32"), (True, "float64")])
 def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_misses, key_type):
     """The tier's misses reach the chunks in the chunks' order (unsigned order of the mapped keys:
     SORT_TIER_MISSES), or as they come: the same answers in every point form, keys over their type's whole range
@@ -261,7 +261,7 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     index.warm(keys[:64])
     served = []
     serve = index._serve
-    monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append(lo) or serve(form, lo, *a))
+    monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append((lo, a[3:])) or serve(form, lo, *a))
     cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
     edges = keys[-504:-500]
@@ -273,8 +273,9 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
         q = torch.cat([keys[:64].repeat(4), point_queries(keys, 400, gen), edges])
         point_forms_equal(index, cg, q[torch.randperm(q.numel(), generator=gen)], values)
     assert index.stats()["hot_hits"] > 0 and served
-    unsigned = [x ^ I64_MIN for x in served]  # the order the chunks are in
+    unsigned = [x ^ I64_MIN for x, _ in served]  # the order the chunks are in
     assert all(bool((u[1:] >= u[:-1]).all()) for u in unsigned) == sort_misses
+    assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
 
 
 def test_hot_tier_warm_learning_and_pauses(gen):
@@ -1188,6 +1189,11 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
         assert [c[0] for c in calls] == [index.device.type] * 3 and all(n > 5 for _, n in calls)
         s = index.stats()
         assert s["hot_hits"] > 0 and s["queries_in_place"] == s["queries"] - s["hot_hits"]
+        # a batch not sorted by key (the tier off): a launch per queue, whatever the window
+        index.hot_tier = False
+        calls.clear()
+        check_lookup(index.lookup(q.to(device)), first, count)
+        assert calls == [] and index.stats()["queries_in_place"] == s["queries_in_place"] + q.numel()
     else:
         assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
 
@@ -1592,7 +1598,9 @@ def test_tier_profile_probe_smoke_on_cpu():
 
 
 def test_sorted_misses_probe_smoke_on_cpu():
-    """The sorted-misses probe runs on the CPU at tiny sizes, and its sorted answers equal those as they come."""
+    """The sorted-misses probe runs on the CPU at tiny sizes, and its sorted answers equal those as they come (a CPU
+    index reads nothing in place, so its window rounds take no grouped launch: that path is
+    test_point_queues_answered_in_groups's)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sorted_misses_probe.py"), "--device", "cpu", "--log-keys", "16",
          "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--rounds", "1",

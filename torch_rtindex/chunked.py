@@ -18,8 +18,9 @@ in the cache is copied in on a copy stream, overlapping the lookups of the previ
 release the GIL). The CPU worker answers small point queues of chunks holding row offsets in groups of about
 ``CPU_GROUP_QUERIES`` queries, one ``cgrx_lookup_queues`` call spreading all of a group's queries over the cores (a
 queue alone would pay its call and a parallel region). The GPU reads the queues of a batch sorted by key (the hot
-tier's misses) in place in one launch sweeping them in chunk order (``IN_PLACE_WINDOW``); those of any other batch
-each in a launch of its own (one launch for them read every chunk's host memory at once and was slower).
+tier's misses) in place in one launch, queue after queue in the planner's order with a window of lookups in flight
+(``IN_PLACE_WINDOW``); those of any other batch each in a launch of its own (one launch for them read every
+chunk's host memory at once and was slower).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
 rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
@@ -179,9 +180,10 @@ RATE_MIN_SAMPLE = 256
 CALIBRATIONS_KEPT = 16  # lookup ways' calibrations stats() shows, the latest
 # The in-place queues of a batch sorted by key (the tier's misses) go in one launch with at most about this many
 # lookups in flight, swept queue by queue (cgrx_lookup_queues; 0: no limit); None: a launch per queue. Other
-# batches' queues, in no order within a chunk, always get a launch per queue: every window measured for them was
-# slower, their lookups in flight spread over more host memory than the GPU's address translation covers at speed
-# (benchmarks/results/).
+# batches' queues, in no order within a chunk, always get a launch per queue (and so do processors="zero_copy"
+# batches, which were not measured so): every window measured for them was slower, their lookups in flight spread
+# over more host memory than the GPU's address translation covers at speed (benchmarks/results/). The in-place
+# rate's fit takes a launch for many queues as one sample, beside the per-queue samples of other batches.
 IN_PLACE_WINDOW: int | None = 1 << 14
 # The hot tier's misses go to the chunks sorted by key, so that within a chunk's queue the lookups read its memory
 # in address order (the GPU's in-place reads, the CPU's searches) rather than all over it. False: as they come.
@@ -1768,9 +1770,9 @@ class ChunkedIndex:
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
                D: torch.device, key_order: bool = False):
         """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge. ``key_order``:
-        point queries sorted by key (the tier's misses), so that their queues hold runs in key order (the
-        partition moves each tile of queries as a whole) and the GPU reads them in place in one launch
-        (``IN_PLACE_WINDOW``)."""
+        point queries sorted by key (the tier's misses), so that each queue is nearly in key order (on CUDA the
+        partition keeps each tile's share of a queue together, not its order within) and the GPU reads them in
+        place in one launch (``IN_PLACE_WINDOW``)."""
         t_start = time.perf_counter()
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
@@ -1913,8 +1915,8 @@ class ChunkedIndex:
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
                 group = [task]
-                if in_place and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:  # one launch
-                    group += sched.claim_more("gpu", lambda t: (mapped or sched.rates.reads_in_place(t)) and t.grouped)
+                if in_place and not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
+                    group += sched.claim_more("gpu", lambda t: sched.rates.reads_in_place(t) and t.grouped)  # one launch
                 if len(group) > 1:
                     entry, view = None, None
                 elif in_place:
