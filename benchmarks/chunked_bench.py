@@ -133,6 +133,11 @@ def tier_probe_on_device(a: argparse.Namespace) -> tuple[ChunkedIndex, list[torc
     return index, batches, dev, sync
 
 
+def stages_ms(time_s: dict) -> str:
+    """A batch's nonzero stage seconds (``stats()["last_batch"]["time_s"]``) in milliseconds, as the probes print."""
+    return " ".join(f"{k} {v * 1e3:.2f}" for k, v in time_s.items() if v)
+
+
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
     """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
     law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the

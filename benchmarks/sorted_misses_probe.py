@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import chunked  # noqa: E402
 from torch_rtindex.chunked import TOP, _Batch  # noqa: E402
@@ -51,8 +51,7 @@ def main() -> None:
             same = all(torch.equal(o, w) for o, w in zip(out, want[i]))
             print(f"library batch {i} (tier on, misses {label}) round {r}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}"
                   f"  gpu {st['queries_gpu']:8d} (in place {st['queries_in_place']:8d}, fitted "
-                  f"{index.rates().in_place / 1e6:.1f} M/s)  stages " +
-                  " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}", flush=True)
+                  f"{index.rates().in_place / 1e6:.1f} M/s)  stages {stages_ms(st['time_s'])}  same {same}", flush=True)
 
     for r in range(a.rounds):  # the library's own switch, rounds alternating on the same index and batches
         for on in (False, True):
@@ -82,13 +81,11 @@ def main() -> None:
                 st = index.stats()["last_batch"]
                 same = all(torch.equal(o, w.index_select(0, perm) if x is srt else w) for o, w in zip(out, want))
                 print(f"misses {name:12s} round {r}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  gpu "
-                      f"{st['queries_gpu']:8d} (in place {st['queries_in_place']:8d})  stages " +
-                      " ".join(f"{k} {v * 1e3:.2f}" for k, v in st["time_s"].items() if v) + f"  same {same}",
-                      flush=True)
+                      f"{st['queries_gpu']:8d} (in place {st['queries_in_place']:8d})  stages "
+                      f"{stages_ms(st['time_s'])}  same {same}", flush=True)
     # One chunk's queue, the fullest, answered by each way alone.
-    lo = torch.tensor([c["lo"] for c in index.chunk_info()][1:], dtype=torch.int64) ^ TOP  # signed order
     mlo, _ = index._check_queries(miss.cpu(), None)
-    cid = torch.searchsorted(lo, mlo ^ TOP, right=True)
+    cid = index._chunk_of(mlo)
     j = int(torch.bincount(cid).argmax())
     chunk = index._chunks[j]
     mine = mlo[cid == j]

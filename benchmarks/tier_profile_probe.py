@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import CgRXIndex  # noqa: E402
 from torch_rtindex.chunked import _Batch  # noqa: E402
@@ -36,8 +36,7 @@ def main() -> None:
     for i, b in enumerate(batches):
         _, ms = timer.timed(lambda: index.lookup(b), sync)
         st = index.stats()["last_batch"]["time_s"]
-        print(f"library batch {i}: {ms:7.2f} ms  stages " +
-              " ".join(f"{k} {v * 1e3:.2f}" for k, v in st.items() if v), flush=True)
+        print(f"library batch {i}: {ms:7.2f} ms  stages {stages_ms(st)}", flush=True)
     qlo, _ = index._check_queries(q, None)
     view = index._tier_view(dev)
     for r in range(3):
