@@ -5,7 +5,9 @@ Zipf 1.2 target: a probe, not a feature.
 
 On the same index and Zipf batches: the library's batches with its switch (``chunked.SORT_TIER_MISSES``) off and
 on, rounds alternating (on: with the sorted misses' window, ``IN_PLACE_WINDOW``, at its value of the time); with
-``--windows``, rounds of the sorted misses per window; the tier's misses of one batch served by the library with
+``--windows``, rounds of the sorted misses per window; with ``--runs``, rounds of the sorted misses partitioned
+and cut into runs (``SORTED_RUNS``); each batch's misses answered by each way alone over all chunks in one call,
+the first time and again (cold and cached); the tier's misses of one batch served by the library with
 the tier off, as they come and sorted; one chunk's queue answered in place by the GPU and on the CPU, as it comes
 and sorted (the tier off, so no window: a launch per queue; sorted as int64 keys, the chunks' order for the int64
 keys the probe builds); the sort's own time. Every answer is checked against the one with the misses as they
@@ -28,7 +30,37 @@ import torch  # noqa: E402
 from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import chunked  # noqa: E402
-from torch_rtindex.chunked import TOP, _Batch  # noqa: E402
+from torch_rtindex.chunked import TOP, _Batch, _Task  # noqa: E402
+
+
+def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
+    """A batch's tier misses, sorted, answered over all chunks by each way alone in one call (the GPU's one
+    in-place launch, the CPU's one call over all cores), three times: the first reads host memory the way a batch
+    does (these misses are not in any cache), the repeats find them in the caches (the GPU's L2, the CPU's)."""
+    qlo, _ = index._check_queries(q, None)
+    _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
+    lo = torch.sort(qlo[count == 0] ^ TOP).values ^ TOP
+    ends = torch.searchsorted(lo ^ TOP, index._bounds(dev)).tolist() + [lo.numel()]
+    tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
+    want = index._serve("lookup", lo, None, None, dev, True)  # the library's answer to the same queues
+    ways = [("cpu", torch.device("cpu"), index._host_view)]
+    if dev.type == "cuda":
+        ways.insert(0, ("in place", dev, index._in_place_view))
+    for name, S, view_of in ways:
+        x = lo.to(S)
+        batch = _Batch("lookup", x, None, None, S, None, key_order=True)
+        times = []
+        for _ in range(3):
+            sync()
+            t0 = time.perf_counter()
+            index._answer_group([view_of(t.chunk) for t in tasks], tasks, batch, S)
+            sync()
+            times.append(time.perf_counter() - t0)
+        got = [torch.cat([t.result[k] for t in tasks]).to(dev) for k in (1, 2)]
+        same = all(torch.equal(g, w) for g, w in zip(got, want))
+        print(f"batch {i} misses alone ({lo.numel()} in {len(tasks)} chunks), {name:8s} one call: "
+              + "  ".join(f"{t * 1e3:6.2f} ms ({lo.numel() / t / 1e6:6.1f} M/s)" for t in times)
+              + f"  same {same}", flush=True)
 
 
 def main() -> None:
@@ -37,6 +69,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds of (as they come, sorted) library batches")
     ap.add_argument("--windows", default="", help="IN_PLACE_WINDOW values to try with the misses sorted, comma "
                     "separated ('none': a launch per queue; N: one launch, at most about N lookups in flight)")
+    ap.add_argument("--runs", action="store_true", help="rounds of the sorted misses partitioned and cut into "
+                    "runs (SORTED_RUNS off and on)")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
@@ -65,6 +99,13 @@ def main() -> None:
             chunked.IN_PLACE_WINDOW = w
             library_round(f"sorted, window {w}", r)
     chunked.IN_PLACE_WINDOW = default_window
+    for r in range(a.rounds if a.runs else 0):  # the sorted misses' queues: partitioned, or runs of the batch
+        for on in (False, True):
+            chunked.SORTED_RUNS = on
+            library_round(f"sorted, {'runs' if on else 'partitioned'}", r)
+    chunked.SORTED_RUNS = True
+    for i, b in enumerate(batches):
+        ways_alone(index, b, dev, sync, i)
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
     miss = q[count == 0]

@@ -23,7 +23,7 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, ChunkCache, Rates, _align,
+from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, TOP, ChunkCache, Rates, _align,
                                    _Batch, _calibration_slices, _Chunk, _Scheduler, _search_bytes, _Task, plan)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,6 +276,42 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     unsigned = [x ^ I64_MIN for x, _ in served]  # the order the chunks are in
     assert all(bool((u[1:] >= u[:-1]).all()) for u in unsigned) == sort_misses
     assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
+    """A batch sorted by key (key_order) is cut into each chunk's run of it (SORTED_RUNS) instead of partitioned:
+    every queue holds exactly its chunk's keys, in key order, and the answers are the reference's; keys at every
+    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query."""
+    from torch_rtindex import chunked as chunked_mod
+
+    monkeypatch.setattr(chunked_mod, "SORTED_RUNS", runs)
+    keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
+    assert index.num_chunks > 5
+    first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
+    seen = []
+    merge = index._merge
+    monkeypatch.setattr(index, "_merge", lambda form, tasks, q, P, sq, *a: seen.append(
+        [(t.chunk, sq[t.start : t.start + t.size].cpu()) for t in tasks]) or merge(form, tasks, q, P, sq, *a))
+    ref = Reference(keys, "int64")
+    for n in (0, 1, 700):
+        q = torch.cat([point_queries(keys, n, gen), first[: n // 100], first[: n // 100] - 1,
+                       torch.tensor([I64_MIN, I64_MAX] if n else [], dtype=torch.int64)])
+        lo, _ = index._check_queries(q.to(device), None)
+        lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order
+        seen.clear()
+        got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+        want_first, want_count, _ = ref.points((lo ^ TOP).cpu())  # int64 keys: ordered ^ TOP is the key
+        np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
+        np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+        (queues,) = seen
+        assert sum(x.numel() for _, x in queues) == lo.numel()
+        chunk_ids = index._chunk_of(lo.cpu())
+        for chunk, x in queues:
+            assert bool((chunk_ids[x] == index._chunks.index(chunk)).all())  # each queue its chunk's keys only
+            if runs:
+                assert torch.equal(x, torch.arange(int(x[0]), int(x[0]) + x.numel()))  # a run, in key order
 
 
 def test_hot_tier_warm_learning_and_pauses(gen):
@@ -1604,12 +1640,12 @@ def test_sorted_misses_probe_smoke_on_cpu():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "sorted_misses_probe.py"), "--device", "cpu", "--log-keys", "16",
          "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--rounds", "1",
-         "--windows", "none,64"],
+         "--windows", "none,64", "--runs"],
         capture_output=True, text=True, timeout=240, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(("library", "misses", "chunk"))]
-    assert len(lines) == 14 and all(x.endswith("same True") for x in lines)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("library", "misses", "chunk", "batch"))]
+    assert len(lines) == 17 and all(x.endswith("same True") for x in lines)
 
 
 def test_readme_section_runs():

@@ -188,6 +188,10 @@ IN_PLACE_WINDOW: int | None = 1 << 14
 # The hot tier's misses go to the chunks sorted by key, so that within a chunk's queue the lookups read its memory
 # in address order (the GPU's in-place reads, the CPU's searches) rather than all over it. False: as they come.
 SORT_TIER_MISSES = True
+# A batch sorted by key (the tier's misses) is already grouped by chunk: each chunk's queue is a run of it, found by
+# a search of the chunk bounds, so the partition scatters nothing and every queue keeps the batch's full key order.
+# False: partitioned like any other batch (on CUDA a queue then keeps its tiles together, not its order).
+SORTED_RUNS = True
 
 
 def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -1770,17 +1774,22 @@ class ChunkedIndex:
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
                D: torch.device, key_order: bool = False):
         """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge. ``key_order``:
-        point queries sorted by key (the tier's misses), so that each queue is nearly in key order (on CUDA the
-        partition keeps each tile's share of a queue together, not its order within) and the GPU reads them in
-        place in one launch (``IN_PLACE_WINDOW``)."""
+        point queries sorted by key (the tier's misses): each queue is a run of them (``SORTED_RUNS``), in key order,
+        and the GPU reads them in place in one launch (``IN_PLACE_WINDOW``)."""
         t_start = time.perf_counter()
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
         # ---- partition: one piece per (query, chunk it needs), in query-major order, then grouped by chunk
         piece_q, P = None, q
-        # Point queries in one pass where the operator takes this many chunks: chunk ids, counts, scatter.
-        grouped = None if qhi is not None else partition_points(qlo, KEY_TYPES["uint64"], self._bounds(D) ^ TOP)
-        if grouped is not None:
+        if qhi is None and key_order and SORTED_RUNS:
+            # Sorted by key: queue j is the run of keys below chunk j + 1's first key; one search, no scatter, and
+            # every queue keeps the batch's key order.
+            ends = torch.searchsorted(qlo ^ TOP, self._bounds(D)).tolist() + [q]
+            counts = [b - a for a, b in zip([0, *ends[:-1]], ends)]
+            s_lo, s_hi = qlo, None
+            order = sq = torch.arange(q, device=D)
+        elif qhi is None and (grouped := partition_points(qlo, KEY_TYPES["uint64"], self._bounds(D) ^ TOP)) is not None:
+            # Point queries in one pass where the operator takes this many chunks: chunk ids, counts, scatter.
             s_lo, order, counts = grouped
             counts = counts[0].tolist()
             sq, s_hi = order, None  # the query of each queue entry
