@@ -40,6 +40,7 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
     qlo, _ = index._check_queries(q, None)
     _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
     lo = torch.sort(qlo[count == 0] ^ TOP).values ^ TOP
+    dev = lo.device  # with its index, as the library's batches have it
     ends = torch.searchsorted(lo ^ TOP, index._bounds(dev)).tolist() + [lo.numel()]
     tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
     want = index._serve("lookup", lo, None, None, dev, True)  # the library's answer to the same queues
