@@ -62,6 +62,29 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
         print(f"batch {i} misses alone ({lo.numel()} in {len(tasks)} chunks), {name:8s} one call: "
               + "  ".join(f"{t * 1e3:6.2f} ms ({lo.numel() / t / 1e6:6.1f} M/s)" for t in times)
               + f"  same {same}", flush=True)
+    if dev.type != "cuda":
+        return
+    # Contention: every third chunk's queue on the CPU, alone and while the GPU reads all queues in place.
+    cpu = torch.device("cpu")
+    mine = tasks[::3]
+    sub = [_Task(t.chunk, t.start, t.size, False, True) for t in mine]
+    host_batch = _Batch("lookup", lo.to(cpu), None, None, cpu, None, key_order=True)
+    gpu_batch = _Batch("lookup", lo, None, None, dev, None, key_order=True)
+    n = sum(t.size for t in sub)
+    for beside in (False, True, False, True):
+        sync()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if beside:
+            a.record()
+            index._answer_group([index._in_place_view(t.chunk) for t in tasks], tasks, gpu_batch, dev)
+            b.record()
+        t0 = time.perf_counter()
+        index._answer_group([index._host_view(t.chunk) for t in sub], sub, host_batch, cpu)
+        t_cpu = time.perf_counter() - t0
+        sync()
+        gpu = f", the GPU's launch {a.elapsed_time(b):6.2f} ms" if beside else ""
+        print(f"batch {i} cpu on {n} misses of {len(sub)} chunks, {'beside in place' if beside else 'alone':15s}: "
+              f"{t_cpu * 1e3:6.2f} ms ({n / t_cpu / 1e6:6.1f} M/s){gpu}", flush=True)
 
 
 def main() -> None:

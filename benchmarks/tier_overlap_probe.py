@@ -4,7 +4,7 @@ chunks (CPU and GPU, the library's planner) while the side stream goes on with t
 batch (tier pass, then all misses) alongside; the same fresh batches for every variant, answers compared. Built on
 the index's internals: a probe of the design, not a feature.
 
-    python benchmarks/tier_overlap_probe.py [--log-keys 30] [--log-lookups 27] [--slices 1,2,4,8]
+    python benchmarks/tier_overlap_probe.py [--log-keys 30] [--log-lookups 27] [--slices 1,2,4,8] [--priority 0,1]
     python benchmarks/tier_overlap_probe.py --device cpu --log-keys 16 --log-lookups 14 --hot-keys 4096 --chunk-mib 0.0625
 """
 
@@ -23,18 +23,33 @@ import torch  # noqa: E402
 from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import ChunkedIndex  # noqa: E402
-from torch_rtindex.chunked import _Batch  # noqa: E402
+from torch_rtindex.chunked import TOP, _Batch  # noqa: E402
 
 
-def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int, priority: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(first row, count, seconds until the first slice's misses are known: every slice's tier pass queued, the
-    first one done) with the batch in k slices."""
+    first one done) with the batch in k slices. Each slice's misses go to the chunks sorted by key, as the
+    library's do. ``priority``: the tier passes on a low-priority stream and the rest on a high-priority one, so
+    that a slice's selection and misses take SMs as the next pass's blocks retire instead of after that pass."""
     qlo, _ = index._check_queries(q, None)
+    D, n = qlo.device, qlo.numel()
+    cuda = D.type == "cuda"
+    if cuda and priority:
+        low, high = torch.cuda.Stream.priority_range()
+        caller, cur = torch.cuda.current_stream(D), torch.cuda.Stream(D, priority=high)
+        cur.wait_stream(caller)
+        with torch.cuda.stream(cur):
+            out = _sliced(index, qlo, k, cur, torch.cuda.Stream(D, priority=low))
+        caller.wait_stream(cur)
+        return out
+    return _sliced(index, qlo, k, torch.cuda.current_stream(D) if cuda else None,
+                   torch.cuda.Stream(D) if cuda else None)
+
+
+def _sliced(index: ChunkedIndex, qlo: torch.Tensor, k: int, cur, side) -> tuple[torch.Tensor, torch.Tensor, float]:
     D, n = qlo.device, qlo.numel()
     view = index._tier_view(D)
     cuda = D.type == "cuda"
-    cur = torch.cuda.current_stream(D) if cuda else None
-    side = torch.cuda.Stream(D) if cuda else None
     bounds = [(n * i // k, n * (i + 1) // k) for i in range(k)]
     t0 = time.perf_counter()
     parts = []
@@ -60,7 +75,9 @@ def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int) -> tuple[torch.T
         if tier_first_s is None:
             tier_first_s = time.perf_counter() - t0
         if miss.numel():
-            rf, rc = index._serve("lookup", qlo[a:b].index_select(0, miss), None, None, D)
+            flipped, order = torch.sort(qlo[a:b].index_select(0, miss) ^ TOP)  # the chunks' order
+            miss = miss.index_select(0, order)
+            rf, rc = index._serve("lookup", flipped ^ TOP, None, None, D, True)
             f.index_copy_(0, miss, rf)
             c.index_copy_(0, miss, rc)
         first[a:b] = f
@@ -72,6 +89,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_tier_probe_args(ap, zipf=1.2, batches=3, device=True)
     ap.add_argument("--slices", default="1,2,4,8", help="slice counts, comma separated (1: one tier pass, then serve)")
+    ap.add_argument("--priority", default="0,1", help="stream priorities to try, comma separated (0: the tier "
+                    "passes on a side stream of the default priority; 1: on a low-priority one, the misses high)")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     gc_timer = GcTimer()
@@ -79,16 +98,18 @@ def main() -> None:
     # variant run after another would inherit its state.
     for i, q in enumerate(batches):
         ref = index.lookup(q)
-        for variant in ["library"] + [int(x) for x in a.slices.split(",")]:
+        variants = [("library", 0)] + [(int(k), int(p)) for p in a.priority.split(",") for k in a.slices.split(",")]
+        for variant, prio in variants:
             if variant == "library":
                 got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
                 first, count = got.first_row, got.count
                 tier = f"  tier pass {index.stats()['last_batch']['time_s']['hot'] * 1e3:6.2f} ms"
             else:
-                (first, count, tier_s), ms = gc_timer.timed(lambda: sliced_lookup(index, q, variant), sync)
+                (first, count, tier_s), ms = gc_timer.timed(lambda: sliced_lookup(index, q, variant, bool(prio)), sync)
                 tier = f"  first slice's misses known after {tier_s * 1e3:6.2f} ms"
             same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
-            print(f"batch {i} {str(variant):>8}: {ms:8.2f} ms  same {same}{tier}  gc {gc_timer.take()}", flush=True)
+            label = f"{variant}" + (" prio" if prio else "")
+            print(f"batch {i} {label:>8}: {ms:8.2f} ms  same {same}{tier}  gc {gc_timer.take()}", flush=True)
 
 
 if __name__ == "__main__":
