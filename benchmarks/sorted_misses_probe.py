@@ -87,6 +87,52 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
               f"{t_cpu * 1e3:6.2f} ms ({n / t_cpu / 1e6:6.1f} M/s){gpu}", flush=True)
 
 
+def traced_rounds(index, batches, sync, threads: list[int], rounds: int) -> None:
+    """The library's batches with a timeline of the host's side: when the chunks' serving starts, each CPU call
+    (its queries' copy to the host, its lookups), the GPU's launch, the merge; per thread count."""
+    events = []
+
+    def wrap(owner, name, label):
+        plain = getattr(owner, name)
+
+        def timed(*args, **kw):
+            t0 = time.perf_counter()
+            out = plain(*args, **kw)
+            events.append((label(*args), t0, time.perf_counter()))
+            return out
+        setattr(owner, name, timed)
+        return plain
+
+    saved = [(chunked.ChunkedIndex, "_answer_group", wrap(
+                 chunked.ChunkedIndex, "_answer_group", lambda self, v, tasks, b, S: f"{S.type} call "
+                 f"{sum(t.size for t in tasks):7d} queries")),
+             (chunked._Batch, "joined_queues", wrap(chunked._Batch, "joined_queues",
+                                                    lambda self, tasks, S, ix: "  its queries to the host")),
+             (chunked.ChunkedIndex, "_merge", wrap(chunked.ChunkedIndex, "_merge", lambda *a: "merge")),
+             (chunked.ChunkedIndex, "_serve", wrap(chunked.ChunkedIndex, "_serve", lambda *a: "serve"))]
+    default = torch.get_num_threads()
+    try:
+        for r in range(rounds):
+            for n in threads:
+                torch.set_num_threads(n)
+                for i, b in enumerate(batches):
+                    events.clear()
+                    sync()
+                    t0 = time.perf_counter()
+                    index.lookup(b)
+                    sync()
+                    ms = (time.perf_counter() - t0) * 1e3
+                    st = index.stats()["last_batch"]
+                    print(f"traced batch {i} round {r}, {n} threads: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  in place "
+                          f"{st['queries_in_place']:8d}  stages {stages_ms(st['time_s'])}", flush=True)
+                    for label, a, e in sorted(events, key=lambda x: x[1]):
+                        print(f"    {(a - t0) * 1e3:7.2f} -> {(e - t0) * 1e3:7.2f} ms  {label}", flush=True)
+    finally:
+        torch.set_num_threads(default)
+        for owner, name, plain in saved:
+            setattr(owner, name, plain)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_tier_probe_args(ap, zipf=1.2, batches=2, device=True)
@@ -95,9 +141,13 @@ def main() -> None:
                     "separated ('none': a launch per queue; N: one launch, at most about N lookups in flight)")
     ap.add_argument("--runs", action="store_true", help="rounds of the sorted misses partitioned and cut into "
                     "runs (SORTED_RUNS off and on)")
+    ap.add_argument("--trace", default="", help="thread counts, comma separated: rounds of the library's batches "
+                    "with the host's timeline, per thread count")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
+    if a.trace:
+        traced_rounds(index, batches, sync, [int(x) for x in a.trace.split(",")], max(a.rounds, 1))
     q = batches[-1]
     chunked.SORT_TIER_MISSES = False
     want = [index.lookup(b) for b in batches]  # the reference, and a warm-up
