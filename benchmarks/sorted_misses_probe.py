@@ -87,9 +87,10 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
               f"{t_cpu * 1e3:6.2f} ms ({n / t_cpu / 1e6:6.1f} M/s){gpu}", flush=True)
 
 
-def traced_rounds(index, batches, sync, threads: list[int], rounds: int) -> None:
+def traced_rounds(index, batches, sync, threads: list[str], rounds: int) -> None:
     """The library's batches with a timeline of the host's side: when the chunks' serving starts, each CPU call
-    (its queries' copy to the host, its lookups), the GPU's launch, the merge; per thread count."""
+    (its queries' copy to the host, its lookups), the GPU's launch, the merge; per thread count (a "b" after it:
+    the GPU feeder's waits sleep, BLOCKING_WAITS)."""
     events = []
 
     def wrap(owner, name, label):
@@ -113,8 +114,10 @@ def traced_rounds(index, batches, sync, threads: list[int], rounds: int) -> None
     default = torch.get_num_threads()
     try:
         for r in range(rounds):
-            for n in threads:
+            for variant in threads:
+                n = int(variant.rstrip("b"))
                 torch.set_num_threads(n)
+                chunked.BLOCKING_WAITS = variant.endswith("b")
                 for i, b in enumerate(batches):
                     events.clear()
                     sync()
@@ -123,12 +126,13 @@ def traced_rounds(index, batches, sync, threads: list[int], rounds: int) -> None
                     sync()
                     ms = (time.perf_counter() - t0) * 1e3
                     st = index.stats()["last_batch"]
-                    print(f"traced batch {i} round {r}, {n} threads: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  in place "
+                    print(f"traced batch {i} round {r}, {n} threads{', blocking' if variant.endswith('b') else ''}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  in place "
                           f"{st['queries_in_place']:8d}  stages {stages_ms(st['time_s'])}", flush=True)
                     for label, a, e in sorted(events, key=lambda x: x[1]):
                         print(f"    {(a - t0) * 1e3:7.2f} -> {(e - t0) * 1e3:7.2f} ms  {label}", flush=True)
     finally:
         torch.set_num_threads(default)
+        chunked.BLOCKING_WAITS = False
         for owner, name, plain in saved:
             setattr(owner, name, plain)
 
@@ -141,13 +145,13 @@ def main() -> None:
                     "separated ('none': a launch per queue; N: one launch, at most about N lookups in flight)")
     ap.add_argument("--runs", action="store_true", help="rounds of the sorted misses partitioned and cut into "
                     "runs (SORTED_RUNS off and on)")
-    ap.add_argument("--trace", default="", help="thread counts, comma separated: rounds of the library's batches "
-                    "with the host's timeline, per thread count")
+    ap.add_argument("--trace", default="", help="thread counts, comma separated (16b: 16 with BLOCKING_WAITS): "
+                    "rounds of the library's batches with the host's timeline, per variant")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
     if a.trace:
-        traced_rounds(index, batches, sync, [int(x) for x in a.trace.split(",")], max(a.rounds, 1))
+        traced_rounds(index, batches, sync, a.trace.split(","), max(a.rounds, 1))
     q = batches[-1]
     chunked.SORT_TIER_MISSES = False
     want = [index.lookup(b) for b in batches]  # the reference, and a warm-up

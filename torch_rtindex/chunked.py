@@ -192,6 +192,9 @@ SORT_TIER_MISSES = True
 # a search of the chunk bounds, so the partition scatters nothing and every queue keeps the batch's full key order.
 # False: partitioned like any other batch (on CUDA a queue then keeps its tiles together, not its order).
 SORTED_RUNS = True
+# The GPU feeder's waits for its queues sleep (True) or spin (False). A spinning wait holds a core that the CPU
+# worker's threads, split evenly over all cores, need.
+BLOCKING_WAITS = False
 
 
 def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -1964,7 +1967,7 @@ class ChunkedIndex:
                     cache.tick += 1
                     entry.tick = cache.tick
                 if cuda:
-                    done = torch.cuda.Event()
+                    done = torch.cuda.Event(blocking=BLOCKING_WAITS)
                     done.record(compute)
                     inflight.append(done)
                     if entry is not None:
