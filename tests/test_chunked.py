@@ -278,17 +278,22 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
 
 
-@pytest.mark.parametrize("runs", [True, False])
-def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
+@pytest.mark.parametrize("runs,gpu_first", [(True, True), (False, True), (True, False)])
+def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs, gpu_first):
     """A batch sorted by key (key_order) is cut into each chunk's run of it (SORTED_RUNS) instead of partitioned:
     every queue holds exactly its chunk's keys, in key order, and the answers are the reference's; keys at every
-    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query."""
+    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query.
+    Both processors serve (SORTED_GPU_FIRST: the GPU's first launch before the CPU worker starts, the CPU's
+    queries staged in host memory on a CUDA index)."""
     from torch_rtindex import chunked as chunked_mod
 
     monkeypatch.setattr(chunked_mod, "SORTED_RUNS", runs)
+    monkeypatch.setattr(chunked_mod, "SORTED_GPU_FIRST", gpu_first)
     keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
     assert index.num_chunks > 5
+    index.read_in_place = True
+    _fixed_rates(index, monkeypatch, cpu=1e8, copy=1.0, gpu=1e8, in_place=1e8)  # both serve
     first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
     seen = []
     merge = index._merge
@@ -312,6 +317,8 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
             assert bool((chunk_ids[x] == index._chunks.index(chunk)).all())  # each queue its chunk's keys only
             if runs:
                 assert torch.equal(x, torch.arange(int(x[0]), int(x[0]) + x.numel()))  # a run, in key order
+    s = index.stats()
+    assert s["queries_cpu"] > 0 and s["queries_in_place"] > 0
 
 
 def test_hot_tier_warm_learning_and_pauses(gen):
