@@ -87,11 +87,9 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
               f"{t_cpu * 1e3:6.2f} ms ({n / t_cpu / 1e6:6.1f} M/s){gpu}", flush=True)
 
 
-def traced_rounds(index, batches, sync, threads: list[str], rounds: int) -> None:
+def traced_rounds(index, batches, sync, threads: list[int], rounds: int) -> None:
     """The library's batches with a timeline of the host's side: when the chunks' serving starts, each CPU call
-    (its queries' copy to the host, its lookups), the GPU's launch, the merge; per thread count (a "b" after it:
-    the GPU feeder's waits sleep, BLOCKING_WAITS; an "o": the CPU worker starts before the GPU's first launch and
-    copies its queries per call, SORTED_GPU_FIRST off)."""
+    (its queries' copy to the host, its lookups), the plan, the GPU's launch, the merge; per thread count."""
     events = []
 
     def wrap(owner, name, label):
@@ -111,18 +109,13 @@ def traced_rounds(index, batches, sync, threads: list[str], rounds: int) -> None
              (chunked._Batch, "joined_queues", wrap(chunked._Batch, "joined_queues",
                                                     lambda self, tasks, S, ix: "  its queries to the host")),
              (chunked.ChunkedIndex, "_merge", wrap(chunked.ChunkedIndex, "_merge", lambda *a: "merge")),
-             (chunked._Batch, "stage_on_host", wrap(chunked._Batch, "stage_on_host", lambda *a: "stage the CPU's "
-                                                    "queries")),
              (chunked._Scheduler, "__init__", wrap(chunked._Scheduler, "__init__", lambda *a: "plan")),
              (chunked.ChunkedIndex, "_serve", wrap(chunked.ChunkedIndex, "_serve", lambda *a: "serve"))]
     default = torch.get_num_threads()
     try:
         for r in range(rounds):
-            for variant in threads:
-                n = int(variant.rstrip("bo"))
+            for n in threads:
                 torch.set_num_threads(n)
-                chunked.BLOCKING_WAITS = "b" in variant
-                chunked.SORTED_GPU_FIRST = "o" not in variant
                 for i, b in enumerate(batches):
                     events.clear()
                     sync()
@@ -131,13 +124,12 @@ def traced_rounds(index, batches, sync, threads: list[str], rounds: int) -> None
                     sync()
                     ms = (time.perf_counter() - t0) * 1e3
                     st = index.stats()["last_batch"]
-                    print(f"traced batch {i} round {r}, {n} threads{', blocking' if 'b' in variant else ''}{', worker first' if 'o' in variant else ''}: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  in place "
+                    print(f"traced batch {i} round {r}, {n} threads: {ms:7.2f} ms  cpu {st['queries_cpu']:8d}  in place "
                           f"{st['queries_in_place']:8d}  stages {stages_ms(st['time_s'])}", flush=True)
                     for label, a, e in sorted(events, key=lambda x: x[1]):
                         print(f"    {(a - t0) * 1e3:7.2f} -> {(e - t0) * 1e3:7.2f} ms  {label}", flush=True)
     finally:
         torch.set_num_threads(default)
-        chunked.BLOCKING_WAITS, chunked.SORTED_GPU_FIRST = False, True
         for owner, name, plain in saved:
             setattr(owner, name, plain)
 
@@ -150,14 +142,13 @@ def main() -> None:
                     "separated ('none': a launch per queue; N: one launch, at most about N lookups in flight)")
     ap.add_argument("--runs", action="store_true", help="rounds of the sorted misses partitioned and cut into "
                     "runs (SORTED_RUNS off and on)")
-    ap.add_argument("--trace", default="", help="thread counts, comma separated (16b: 16 with BLOCKING_WAITS, 16o: "
-                    "with SORTED_GPU_FIRST off): "
-                    "rounds of the library's batches with the host's timeline, per variant")
+    ap.add_argument("--trace", default="", help="thread counts, comma separated: rounds of the library's batches "
+                    "with the host's timeline, per thread count")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
     timer = GcTimer()
     if a.trace:
-        traced_rounds(index, batches, sync, a.trace.split(","), max(a.rounds, 1))
+        traced_rounds(index, batches, sync, [int(x) for x in a.trace.split(",")], max(a.rounds, 1))
     q = batches[-1]
     chunked.SORT_TIER_MISSES = False
     want = [index.lookup(b) for b in batches]  # the reference, and a warm-up

@@ -278,17 +278,15 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
 
 
-@pytest.mark.parametrize("runs,gpu_first", [(True, True), (False, True), (True, False)])
-def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs, gpu_first):
+@pytest.mark.parametrize("runs", [True, False])
+def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
     """A batch sorted by key (key_order) is cut into each chunk's run of it (SORTED_RUNS) instead of partitioned:
     every queue holds exactly its chunk's keys, in key order, and the answers are the reference's; keys at every
-    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query.
-    Both processors serve (SORTED_GPU_FIRST: the GPU's first launch before the CPU worker starts, the CPU's
-    queries staged in host memory on a CUDA index)."""
+    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query;
+    both processors serve."""
     from torch_rtindex import chunked as chunked_mod
 
     monkeypatch.setattr(chunked_mod, "SORTED_RUNS", runs)
-    monkeypatch.setattr(chunked_mod, "SORTED_GPU_FIRST", gpu_first)
     keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
     assert index.num_chunks > 5

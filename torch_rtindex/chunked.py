@@ -119,7 +119,7 @@ import weakref
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -192,13 +192,6 @@ SORT_TIER_MISSES = True
 # a search of the chunk bounds, so the partition scatters nothing and every queue keeps the batch's full key order.
 # False: partitioned like any other batch (on CUDA a queue then keeps its tiles together, not its order).
 SORTED_RUNS = True
-# The GPU feeder's waits for its queues sleep (True) or spin (False). A spinning wait holds a core that the CPU
-# worker's threads, split evenly over all cores, need.
-BLOCKING_WAITS = False
-# In a batch sorted by key, the GPU issues its first queue (the one launch of its in-place queues) before the CPU
-# worker starts, so that the two threads' Python does not hold up the launch, and the CPU's planned queries cross
-# to pinned host memory in one copy per run of its queues as soon as the plan is made, instead of a copy per call.
-SORTED_GPU_FIRST = True
 
 
 def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -1855,19 +1848,14 @@ class ChunkedIndex:
             if gpu_on and cpu_on:
                 worker_error: list[BaseException] = []
                 worker = threading.Thread(target=self._cpu_loop, args=(sched, batch, worker_error), daemon=True)
-                gpu_first = SORTED_GPU_FIRST and batch.key_order and bool(sched.own["gpu"])
-                if gpu_first and D.type == "cuda":
-                    batch.stage_on_host(sched.own["cpu"], self)
-                if not gpu_first:
-                    worker.start()
+                worker.start()
                 try:
-                    self._gpu_loop(sched, batch, worker.start if gpu_first else None)
+                    self._gpu_loop(sched, batch)
                 except BaseException:
                     sched.abort = True
                     raise
                 finally:
-                    if worker.ident is not None:  # started
-                        worker.join()
+                    worker.join()
                 if worker_error:
                     raise worker_error[0]
             elif gpu_on:
@@ -1916,9 +1904,7 @@ class ChunkedIndex:
                 raise
             error.append(e)
 
-    def _gpu_loop(self, sched: _Scheduler, batch: "_Batch", after_first: Callable[[], None] | None = None) -> None:
-        """Serves the GPU's queues as the scheduler hands them out; ``after_first`` is called once the first queue
-        is issued (or when there is none)."""
+    def _gpu_loop(self, sched: _Scheduler, batch: "_Batch") -> None:
         cache, dev = self._cache, self.device
         cuda = dev.type == "cuda"
         mapped = self.processors == "zero_copy"
@@ -1978,7 +1964,7 @@ class ChunkedIndex:
                     cache.tick += 1
                     entry.tick = cache.tick
                 if cuda:
-                    done = torch.cuda.Event(blocking=BLOCKING_WAITS)
+                    done = torch.cuda.Event()
                     done.record(compute)
                     inflight.append(done)
                     if entry is not None:
@@ -1987,11 +1973,6 @@ class ChunkedIndex:
                 if in_place:
                     self._count("queries_in_place", size)
                 tm["gpu_issue"] += time.perf_counter() - t0
-                if after_first is not None:
-                    after_first, start = None, after_first
-                    start()
-            if after_first is not None:
-                after_first()
         finally:
             for ev in inflight:
                 ev.synchronize()
@@ -2069,9 +2050,8 @@ class ChunkedIndex:
     def _answer_group(self, views: list[_View], tasks: list[_Task], batch: "_Batch", S: torch.device) -> None:
         """The point queues ``tasks`` (:meth:`_groups`), each with its chunk's view on S, answered in one operator
         call; each task's result is its slice of the answers, with global row IDs."""
-        staged = batch.staged(tasks, S)
-        if S == batch.D or staged is not None:
-            queries, starts = batch.s_lo if staged is None else staged, [t.start for t in tasks]
+        if S == batch.D:
+            queries, starts = batch.s_lo, [t.start for t in tasks]
         else:
             queries = batch.joined_queues(tasks, S, self)
             starts = list(itertools.accumulate((t.size for t in tasks[:-1]), initial=0))
@@ -2718,9 +2698,6 @@ class _Batch:
     cpu_calls: list = field(default_factory=list)  # (queries, seconds) of each CPU call
     cpu_copy_bytes: int = 0
     cpu_copy_time: float = 0.0
-    host_lo: torch.Tensor | None = None  # stage_on_host: the CPU's planned queries in pinned host memory
-    host_ready: Any = None
-    host_starts: set = field(default_factory=set)
 
     @property
     def points(self) -> bool:
@@ -2734,43 +2711,10 @@ class _Batch:
         hi = None if self.s_hi is None else self.s_hi[a:b]
         if S == self.D:
             return lo, hi
-        if (staged := self.staged([task], S)) is not None:
-            return staged[a:b], None
         if self.D.type == "cuda":  # to the CPU worker
             out = self._to_host(lambda: [lo, hi], index)
             return out[0], out[1]
         return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
-
-    def stage_on_host(self, tasks: list[_Task], index: ChunkedIndex) -> None:
-        """Copies the point queries of ``tasks`` (the CPU's planned queues) to a pinned host buffer at their
-        positions, one copy per run of adjacent queues, on the I/O stream after the partition (:meth:`staged`)."""
-        if not tasks or self.s_hi is not None:
-            return
-        host = torch.empty(self.s_lo.numel(), dtype=self.s_lo.dtype, pin_memory=True)
-        io = index._io_stream
-        runs: list[list[int]] = []
-        for t in sorted(tasks, key=lambda t: t.start):
-            if runs and runs[-1][1] == t.start:
-                runs[-1][1] += t.size
-            else:
-                runs.append([t.start, t.start + t.size])
-        with torch.cuda.stream(io):
-            io.wait_event(self.part_event)
-            for a, b in runs:
-                host[a:b].copy_(self.s_lo[a:b], non_blocking=True)
-            ready = torch.cuda.Event()
-            ready.record(io)
-        self.host_lo, self.host_ready, self.host_starts = host, ready, {t.start for t in tasks}
-
-    def staged(self, tasks: list[_Task], S: torch.device) -> torch.Tensor | None:
-        """The pinned host copy of the batch's point queries where every one of ``tasks`` was staged for the CPU
-        (:meth:`stage_on_host`) and S is the CPU, once the copies are done; else None."""
-        if self.host_lo is None or S.type != "cpu" or any(t.start not in self.host_starts for t in tasks):
-            return None
-        if self.host_ready is not None:
-            self.host_ready.synchronize()
-            self.host_ready = None
-        return self.host_lo
 
     def joined_queues(self, tasks: list[_Task], S: torch.device, index: ChunkedIndex) -> torch.Tensor:
         """The point queries of ``tasks`` one after the other on S (for :meth:`ChunkedIndex._answer_group`)."""
