@@ -1612,7 +1612,8 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)
 
 
-@pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py"])
+@pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py",
+                                   "lean_miss_probe.py"])
 def test_tier_probes_smoke_on_cpu(probe):
     """The probes over a given tier run on the CPU at tiny sizes, and every variant's answers equal the library's."""
     proc = subprocess.run(
