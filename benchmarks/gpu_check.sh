@@ -21,6 +21,8 @@
 #                                           # against the same tier given the law's hottest keys (warm)
 #   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
+#   bash benchmarks/gpu_check.sh lean       # out of core, given tier, Zipf 1.2 2^27: the misses served with the least host
+#                                           # work (lean_miss_probe.py), in 1 / 2 / 4 slices, against the library's batch
 #   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
 #                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
 #   bash benchmarks/gpu_check.sh tier_profile  # out of core, given tier, Zipf 1.2 2^27: the batch kernel by kernel, the tier
@@ -122,6 +124,11 @@ case "${1:-}" in
       timeout 560 python3 benchmarks/tier_overlap_probe.py --slices 1,2,4,8
       echo "rc=$?"; } 2>&1 | log "tier_overlap_$commit.log"
     ;;
+  lean)
+    { header "out of core, the misses' serving with the least host work, in slices"
+      timeout 560 python3 benchmarks/lean_miss_probe.py --slices 1,2,4 --cpu-shares auto,0.27 --batches 3
+      echo "rc=$?"; } 2>&1 | log "lean_miss_$commit.log"
+    ;;
   pipeline)
     { header "out of core, the tier pass by chunk overlapped with each chunk's misses"
       timeout 560 python3 benchmarks/chunk_pipeline_probe.py
@@ -182,7 +189,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|pipeline|uniform27|merge|updates|sharded|scaling|bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|lean|pipeline|tier_profile|uniform27|merge|updates|sharded|scaling|bound" >&2
     exit 2
     ;;
 esac
