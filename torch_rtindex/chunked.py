@@ -11,7 +11,8 @@ lives in host memory (pinned where CUDA is available) as one contiguous blob; a 
 A lookup batch is **partitioned** by chunk on the queries' device: a point batch in one operator
 (``partition_queries``, the sharded index's routing: chunk id by a binary search over the chunk boundaries,
 counts, scatter), a range batch by its pieces' chunk ids (a stable sort by chunk id, counts): one **queue** per
-chunk. A range that spans chunks becomes one
+chunk; a point batch sorted by key (the hot tier's misses) is already grouped, each queue a run of it found by one
+search of the boundaries (``SORTED_RUNS``). A range that spans chunks becomes one
 piece per chunk. Two processors then serve the queues at the same time: the GPU (the calling thread: a chunk not
 in the cache is copied in on a copy stream, overlapping the lookups of the previous one; at most
 ``pipeline_depth`` queues in flight) and the CPU (a worker thread answering from the host copies; torch operators
