@@ -46,6 +46,7 @@ class Lean:
             gpu = r.in_place if r.in_place > 0 else r.gpu
             cpu_share = r.cpu / (r.cpu + gpu)
         self.cpu_share = cpu_share
+        self.low = self.high = self.sel = self.io = None
         if self.cuda:
             low, high = torch.cuda.Stream.priority_range()
             self.low = torch.cuda.Stream(dev, priority=low)  # the tier passes
@@ -53,13 +54,31 @@ class Lean:
             self.sel = torch.cuda.Stream(dev, priority=high)  # a slice's selection: its host waits see only this
             self.io = torch.cuda.Stream(dev)
         self.marks: list[tuple[str, float]] = []
+        self.spans: list[tuple[str, object, object]] = []  # (what, start event, end event) on the GPU
 
     def mark(self, what: str) -> None:
         self.marks.append((what, time.perf_counter()))
 
+    def span(self, what: str, stream):
+        """Times what the caller queues on ``stream`` until the returned function is called (CUDA only)."""
+        if not self.cuda:
+            return lambda: None
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(stream)
+        return lambda: (b.record(stream), self.spans.append((what, a, b)))
+
+    def gpu_timeline(self) -> str:
+        """The GPU spans of the last lookup, in ms from its first, after a synchronize."""
+        if not self.spans:
+            return ""
+        t0 = self.spans[0][1]
+        return " ".join(f"{w} {t0.elapsed_time(a):.2f}-{t0.elapsed_time(b):.2f}" for w, a, b in
+                        sorted(self.spans, key=lambda x: t0.elapsed_time(x[1])))
+
     def lookup(self, q: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         index, dev = self.index, self.dev
         self.marks.clear()
+        self.spans.clear()
         self.mark("start")
         qlo, _ = index._check_queries(q, None)
         n = qlo.numel()
@@ -86,8 +105,10 @@ class Lean:
         if self.cuda:
             self.low.wait_stream(self.high)
         with torch.cuda.stream(self.low) if self.cuda else nullcontext():
-            for a, b in bounds:
+            for i, (a, b) in enumerate(bounds):
+                end = self.span(f"pass{i}", self.low)
                 _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
+                end()
                 ev = None
                 if self.cuda:
                     ev = torch.cuda.Event()
@@ -111,6 +132,7 @@ class Lean:
         """Starts serving one slice's misses; returns what finishes it (the answers placed, (first, count))."""
         index, D = self.index, qlo.device
         with torch.cuda.stream(self.sel) if self.cuda else nullcontext():
+            end = self.span("select", self.sel)
             miss = torch.nonzero(c == 0).reshape(-1)  # waits for this slice's pass (and the selection stream only)
             self.mark("misses known")
             m = miss.numel()
@@ -120,6 +142,7 @@ class Lean:
             miss = miss.index_select(0, order)
             lo = flipped ^ TOP
             ends = torch.searchsorted(flipped, index._bounds(D)).tolist() + [m]
+            end()
         self.mark("runs cut")
         if self.cuda:
             self.high.wait_stream(self.sel)
@@ -141,6 +164,7 @@ class Lean:
             if self.cuda:
                 with torch.cuda.stream(self.io):
                     self.io.wait_stream(self.sel)
+                    lo.record_stream(self.io)  # made on the selection stream, read here
                     staged = torch.empty(m - split, dtype=lo.dtype, pin_memory=True)
                     staged.copy_(host, non_blocking=True)
                     ready = torch.cuda.Event()
@@ -148,12 +172,14 @@ class Lean:
                 host = staged
             job = self.pool.submit(self._cpu_call, host, ready, cpu_tasks)
         if gpu_tasks:
+            end = self.span("in_place", self.high)
             gb = _Batch("lookup", lo, None, None, D, None, key_order=True)
             index._answer_group([index._in_place_view(t.chunk) for t in gpu_tasks], gpu_tasks, gb, D)
             gf = torch.cat([t.result[1] for t in gpu_tasks]) if len(gpu_tasks) > 1 else gpu_tasks[0].result[1]
             gc_ = torch.cat([t.result[2] for t in gpu_tasks]) if len(gpu_tasks) > 1 else gpu_tasks[0].result[2]
             f.index_copy_(0, miss[:split], gf)
             c.index_copy_(0, miss[:split], gc_)
+            end()
         self.mark("gpu launched")
 
         def finish():
@@ -207,7 +233,9 @@ def main() -> None:
                 lean.cpu_share = share
                 (first, count), ms = gc_timer.timed(lambda: lean.lookup(q, variant), sync)
                 t0 = lean.marks[0][1]
-                extra = "  " + " ".join(f"{w} {(t - t0) * 1e3:.2f}" for w, t in lean.marks[1:])
+                extra = "  host: " + " ".join(f"{w} {(t - t0) * 1e3:.2f}" for w, t in lean.marks[1:])
+                if dev.type == "cuda":
+                    extra += "  gpu: " + lean.gpu_timeline()
             same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
             label = str(variant) if share is None else f"{variant} cpu {share:.2f}"
             print(f"batch {i} {label:>12}: {ms:8.2f} ms  same {same}  gc {gc_timer.take()['gc_ms']:.1f} ms"
