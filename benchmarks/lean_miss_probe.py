@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
 
-from torch_rtindex import ChunkedIndex  # noqa: E402
+from torch_rtindex import ChunkedIndex, chunked  # noqa: E402
 from torch_rtindex.chunked import TOP, _Batch, _Task  # noqa: E402
 
 
@@ -45,6 +45,7 @@ class Lean:
             r = index.rates()
             gpu = r.in_place if r.in_place > 0 else r.gpu
             cpu_share = r.cpu / (r.cpu + gpu)
+            self.rates = f"cpu {r.cpu / 1e6:.1f} M/s, {'in place' if r.in_place > 0 else 'cache'} {gpu / 1e6:.1f} M/s"
         self.cpu_share = cpu_share
         self.low = self.high = self.sel = self.io = None
         if self.cuda:
@@ -137,12 +138,15 @@ class Lean:
             self.mark("misses known")
             m = miss.numel()
             if m == 0:
+                if self.cuda:
+                    self.high.wait_stream(self.sel)  # the answers are the pass's: the end waits for it
                 return lambda: (f, c)
             flipped, order = torch.sort(qlo.index_select(0, miss) ^ TOP)
             miss = miss.index_select(0, order)
             lo = flipped ^ TOP
-            ends = torch.searchsorted(flipped, index._bounds(D)).tolist() + [m]
+            ends = torch.searchsorted(flipped, index._bounds(D))
             end()
+            ends = ends.tolist() + [m]
         self.mark("runs cut")
         if self.cuda:
             self.high.wait_stream(self.sel)
@@ -151,9 +155,7 @@ class Lean:
         runs = [(ch, a, b) for ch, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
         # The split: the GPU the runs below it, the CPU those above, at the run boundary nearest the CPU's share.
         want = m - int(m * self.cpu_share)
-        split = min((a for _, a, _ in runs), key=lambda a: abs(a - want)) if self.cpu_share > 0 else m
-        if self.cpu_share >= 1:
-            split = 0
+        split = min([a for _, a, _ in runs] + [m], key=lambda a: abs(a - want))
         gpu_tasks = [_Task(ch, a, b - a, False, True) for ch, a, b in runs if b <= split]
         cpu_tasks = [_Task(ch, a - split, b - a, False, True) for ch, a, b in runs if a >= split]
         cpu = torch.device("cpu")
@@ -165,8 +167,10 @@ class Lean:
                 with torch.cuda.stream(self.io):
                     self.io.wait_stream(self.sel)
                     lo.record_stream(self.io)  # made on the selection stream, read here
+                    end = self.span("stage", self.io)
                     staged = torch.empty(m - split, dtype=lo.dtype, pin_memory=True)
                     staged.copy_(host, non_blocking=True)
+                    end()
                     ready = torch.cuda.Event()
                     ready.record(self.io)
                 host = staged
@@ -186,8 +190,10 @@ class Lean:
             if job is not None:
                 cf, cc = job.result()
                 self.mark("cpu done")
+                end = self.span("place", self.high)
                 f.index_copy_(0, miss[split:], cf.to(D, non_blocking=True))
                 c.index_copy_(0, miss[split:], cc.to(D, non_blocking=True))
+                end()
             return f, c
         return finish
 
@@ -219,11 +225,13 @@ def main() -> None:
         index.lookup(b)
     lean = Lean(index, dev, None)
     auto = lean.cpu_share
-    print(f"the CPU's share by the planner's rates: {auto:.3f}", flush=True)
+    print(f"the CPU's share by the planner's rates ({lean.rates}): {auto:.3f}", flush=True)
     shares = [auto if x == "auto" else float(x) for x in a.cpu_shares.split(",")]
     gc_timer = GcTimer()
     for i, q in enumerate(batches):
+        chunked.SORTED_RUNS = False  # the reference: the misses partitioned, not cut into runs as here
         ref = index.lookup(q)
+        chunked.SORTED_RUNS = True
         for variant, share in [("library", None)] + [(int(k), x) for x in shares for k in a.slices.split(",")]:
             if variant == "library":
                 got, ms = gc_timer.timed(lambda: index.lookup(q), sync)

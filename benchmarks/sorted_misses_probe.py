@@ -43,7 +43,9 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
     dev = lo.device  # with its index, as the library's batches have it
     ends = torch.searchsorted(lo ^ TOP, index._bounds(dev)).tolist() + [lo.numel()]
     tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
-    want = index._serve("lookup", lo, None, None, dev, True)  # the library's answer to the same queues
+    chunked.SORTED_RUNS = False  # the reference: the library's queues partitioned, not cut into runs
+    want = index._serve("lookup", lo, None, None, dev, True)
+    chunked.SORTED_RUNS = True
     ways = [("cpu", torch.device("cpu"), index._host_view)]
     if dev.type == "cuda":
         ways.insert(0, ("in place", dev, index._in_place_view))

@@ -1775,8 +1775,9 @@ class ChunkedIndex:
     def _serve(self, form: str, qlo: torch.Tensor, qhi: torch.Tensor | None, values: torch.Tensor | None,
                D: torch.device, key_order: bool = False):
         """One batch of ordered queries through the chunks: partition, serve (GPU and CPU), merge. ``key_order``:
-        point queries sorted by key (the tier's misses): each queue is a run of them (``SORTED_RUNS``), in key order,
-        and the GPU reads them in place in one launch (``IN_PLACE_WINDOW``)."""
+        point queries sorted by key (the tier's misses; they must be, ascending in unsigned order: the queues are cut as
+        runs of them, ``SORTED_RUNS``), so that each queue is in key order and the GPU reads them in place in one
+        launch (``IN_PLACE_WINDOW``)."""
         t_start = time.perf_counter()
         st, tm = self._stats, self._stats["time_s"]
         q = qlo.numel()
