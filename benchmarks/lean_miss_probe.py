@@ -47,6 +47,7 @@ class Lean:
             cpu_share = r.cpu / (r.cpu + gpu)
             self.rates = f"cpu {r.cpu / 1e6:.1f} M/s, {'in place' if r.in_place > 0 else 'cache'} {gpu / 1e6:.1f} M/s"
         self.cpu_share = cpu_share
+        self.threads = torch.get_num_threads()  # the CPU thread's (OpenMP keeps a count per calling thread)
         self.low = self.high = self.sel = self.io = None
         if self.cuda:
             low, high = torch.cuda.Stream.priority_range()
@@ -200,6 +201,8 @@ class Lean:
     def _cpu_call(self, host: torch.Tensor, ready, tasks: list[_Task]):
         """The CPU's runs in one call over all cores; answers in pinned memory (for the copy back)."""
         index, cpu = self.index, torch.device("cpu")
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         if ready is not None:
             ready.synchronize()
         batch = _Batch("lookup", host, None, None, cpu, None, key_order=True)
@@ -217,6 +220,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_tier_probe_args(ap, zipf=1.2, batches=3, device=True)
     ap.add_argument("--slices", default="1,2,4", help="slice counts, comma separated")
+    ap.add_argument("--threads", default="", help="torch thread counts to try, comma separated (default: as set); "
+                    "the host thread waiting on the GPU spins on a core the CPU's call would use")
     ap.add_argument("--cpu-shares", default="auto", help="the CPU's shares of each slice's misses to try, comma "
                     "separated (auto: from the planner's fitted rates)")
     a = ap.parse_args()
@@ -232,20 +237,24 @@ def main() -> None:
         chunked.SORTED_RUNS = False  # the reference: the misses partitioned, not cut into runs as here
         ref = index.lookup(q)
         chunked.SORTED_RUNS = True
-        for variant, share in [("library", None)] + [(int(k), x) for x in shares for k in a.slices.split(",")]:
+        threads = [int(t) for t in a.threads.split(",")] if a.threads else [torch.get_num_threads()]
+        variants = [("library", None, threads[0])] + [(int(k), x, t) for t in threads for x in shares
+                                                      for k in a.slices.split(",")]
+        for variant, share, nt in variants:
+            torch.set_num_threads(nt)
             if variant == "library":
                 got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
                 first, count = got.first_row, got.count
                 extra = ""
             else:
-                lean.cpu_share = share
+                lean.cpu_share, lean.threads = share, nt
                 (first, count), ms = gc_timer.timed(lambda: lean.lookup(q, variant), sync)
                 t0 = lean.marks[0][1]
                 extra = "  host: " + " ".join(f"{w} {(t - t0) * 1e3:.2f}" for w, t in lean.marks[1:])
                 if dev.type == "cuda":
                     extra += "  gpu: " + lean.gpu_timeline()
             same = bool(torch.equal(first, ref.first_row) and torch.equal(count, ref.count))
-            label = str(variant) if share is None else f"{variant} cpu {share:.2f}"
+            label = str(variant) if share is None else f"{variant} cpu {share:.2f}" + (f" t{nt}" if a.threads else "")
             print(f"batch {i} {label:>12}: {ms:8.2f} ms  same {same}  gc {gc_timer.take()['gc_ms']:.1f} ms"
                   f"{extra}", flush=True)
     lean.pool.shutdown()
