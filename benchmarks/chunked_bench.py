@@ -15,6 +15,7 @@ benchmarks/results/<GPU name>/chunked_k<log keys>_<commit>.json (or the folder -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -131,6 +132,32 @@ def tier_probe_on_device(a: argparse.Namespace) -> tuple[ChunkedIndex, list[torc
     print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
           f"Zipf {a.zipf}, 2^{a.log_lookups} lookups, {torch.get_num_threads()} threads", flush=True)
     return index, batches, dev, sync
+
+
+def tier_passes(index: ChunkedIndex, qlo: torch.Tensor, k: int, stream, span=None) -> list[tuple]:
+    """The tier's lookups of the ordered queries ``qlo`` in k slices, all queued at once on ``stream`` (CUDA: after
+    the current stream's work; None on the CPU): per slice (start, end, first row, count, event after its pass or
+    None). ``span(i)``, where given, is called before slice i's pass and returns what to call after it."""
+    from torch_rtindex.chunked import _Batch  # the probes' internals, not the bench's
+
+    D, n = qlo.device, qlo.numel()
+    view = index._tier_view(D)
+    out = []
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream(D))
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        for i in range(k):
+            a, b = n * i // k, n * (i + 1) // k
+            end = span(i) if span is not None else None
+            _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
+            if end is not None:
+                end()
+            ev = None
+            if stream is not None:
+                ev = torch.cuda.Event()
+                ev.record(stream)
+            out.append((a, b, f, c, ev))
+    return out
 
 
 def stages_ms(time_s: dict) -> str:

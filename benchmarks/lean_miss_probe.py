@@ -28,10 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_passes, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import ChunkedIndex, chunked  # noqa: E402
-from torch_rtindex.chunked import TOP, _Batch, _Task  # noqa: E402
+from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
 
 
 class Lean:
@@ -99,26 +99,10 @@ class Lean:
         return out
 
     def _slices(self, qlo: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        index, D = self.index, qlo.device
-        n = qlo.numel()
-        view = index._tier_view(D)
-        bounds = [(n * i // k, n * (i + 1) // k) for i in range(k)]
-        passes = []
-        if self.cuda:
-            self.low.wait_stream(self.high)
-        with torch.cuda.stream(self.low) if self.cuda else nullcontext():
-            for i, (a, b) in enumerate(bounds):
-                end = self.span(f"pass{i}", self.low)
-                _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
-                end()
-                ev = None
-                if self.cuda:
-                    ev = torch.cuda.Event()
-                    ev.record(self.low)
-                passes.append((f, c, ev))
+        passes = tier_passes(self.index, qlo, k, self.low, lambda i: self.span(f"pass{i}", self.low))
         self.mark("tier passes queued")
         pending = []
-        for (a, b), (f, c, ev) in zip(bounds, passes):
+        for a, b, f, c, ev in passes:
             if self.cuda:
                 self.sel.wait_event(ev)
                 for t in (f, c):
@@ -142,12 +126,10 @@ class Lean:
                 if self.cuda:
                     self.high.wait_stream(self.sel)  # the answers are the pass's: the end waits for it
                 return lambda: (f, c)
-            flipped, order = torch.sort(qlo.index_select(0, miss) ^ TOP)
+            lo, order = _key_sorted(qlo.index_select(0, miss))
             miss = miss.index_select(0, order)
-            lo = flipped ^ TOP
-            ends = torch.searchsorted(flipped, index._bounds(D))
             end()
-            ends = ends.tolist() + [m]
+            ends = index._run_ends(lo)
         self.mark("runs cut")
         if self.cuda:
             self.high.wait_stream(self.sel)
@@ -159,7 +141,6 @@ class Lean:
         split = min([a for _, a, _ in runs] + [m], key=lambda a: abs(a - want))
         gpu_tasks = [_Task(ch, a, b - a, False, True) for ch, a, b in runs if b <= split]
         cpu_tasks = [_Task(ch, a - split, b - a, False, True) for ch, a, b in runs if a >= split]
-        cpu = torch.device("cpu")
         job = None
         if cpu_tasks:
             host = lo[split:]

@@ -30,18 +30,25 @@ import torch  # noqa: E402
 from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import chunked  # noqa: E402
-from torch_rtindex.chunked import TOP, _Batch, _Task  # noqa: E402
+from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
+
+
+def tier_missed(index, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q as ordered keys, which of them the tier misses)."""
+    qlo, _ = index._check_queries(q, None)
+    D = qlo.device
+    _, _, count = index._answer(index._tier_view(D), _Batch("lookup", qlo, None, None, D, None), qlo, None, D)
+    return qlo, count == 0
 
 
 def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
     """A batch's tier misses, sorted, answered over all chunks by each way alone in one call (the GPU's one
     in-place launch, the CPU's one call over all cores), three times: the first reads host memory the way a batch
     does (these misses are not in any cache), the repeats find them in the caches (the GPU's L2, the CPU's)."""
-    qlo, _ = index._check_queries(q, None)
-    _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
-    lo = torch.sort(qlo[count == 0] ^ TOP).values ^ TOP
+    qlo, missed = tier_missed(index, q)
+    lo, _ = _key_sorted(qlo[missed])
     dev = lo.device  # with its index, as the library's batches have it
-    ends = torch.searchsorted(lo ^ TOP, index._bounds(dev)).tolist() + [lo.numel()]
+    ends = index._run_ends(lo)
     tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
     chunked.SORTED_RUNS = False  # the reference: the library's queues partitioned, not cut into runs
     want = index._serve("lookup", lo, None, None, dev, True)
@@ -183,9 +190,7 @@ def main() -> None:
     chunked.SORTED_RUNS = True
     for i, b in enumerate(batches):
         ways_alone(index, b, dev, sync, i)
-    qlo, _ = index._check_queries(q, None)
-    _, _, count = index._answer(index._tier_view(dev), _Batch("lookup", qlo, None, None, dev, None), qlo, None, dev)
-    miss = q[count == 0]
+    miss = q[tier_missed(index, q)[1]]
     for _ in range(3):
         srt, ms = timer.timed(lambda: torch.sort(miss).values, sync)
         print(f"sort of the {miss.numel()} misses: {ms:6.3f} ms", flush=True)
@@ -213,7 +218,7 @@ def main() -> None:
     for name, view, S in ways:
         ref = None
         for order, x in (("as they come", mine), ("sorted", mine)) * 2:
-            x = (x if order == "as they come" else (torch.sort(x ^ TOP).values ^ TOP)).to(S)
+            x = (x if order == "as they come" else _key_sorted(x)[0]).to(S)
             bt = _Batch("lookup", x, None, None, S, None)
             times = []
             for _ in range(5):

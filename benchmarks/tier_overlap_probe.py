@@ -13,17 +13,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, tier_passes, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import ChunkedIndex  # noqa: E402
-from torch_rtindex.chunked import TOP, _Batch  # noqa: E402
+from torch_rtindex.chunked import _key_sorted  # noqa: E402
 
 
 def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int, priority: bool) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -32,7 +31,7 @@ def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int, priority: bool) 
     library's do. ``priority``: the tier passes on a low-priority stream and the rest on a high-priority one, so
     that a slice's selection and misses take SMs as the next pass's blocks retire instead of after that pass."""
     qlo, _ = index._check_queries(q, None)
-    D, n = qlo.device, qlo.numel()
+    D = qlo.device
     cuda = D.type == "cuda"
     if cuda and priority:
         low, high = torch.cuda.Stream.priority_range()
@@ -48,25 +47,13 @@ def sliced_lookup(index: ChunkedIndex, q: torch.Tensor, k: int, priority: bool) 
 
 def _sliced(index: ChunkedIndex, qlo: torch.Tensor, k: int, cur, side) -> tuple[torch.Tensor, torch.Tensor, float]:
     D, n = qlo.device, qlo.numel()
-    view = index._tier_view(D)
     cuda = D.type == "cuda"
-    bounds = [(n * i // k, n * (i + 1) // k) for i in range(k)]
     t0 = time.perf_counter()
-    parts = []
-    if cuda:
-        side.wait_stream(cur)
-    with torch.cuda.stream(side) if cuda else nullcontext():
-        for a, b in bounds:
-            _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
-            ev = None
-            if cuda:
-                ev = torch.cuda.Event()
-                ev.record(side)
-            parts.append((f, c, ev))
+    parts = tier_passes(index, qlo, k, side)
     first = torch.empty(n, dtype=torch.int64, device=D)
     count = torch.empty(n, dtype=torch.int64, device=D)
     tier_first_s = None
-    for (a, b), (f, c, ev) in zip(bounds, parts):
+    for a, b, f, c, ev in parts:
         if cuda:
             cur.wait_event(ev)
             f.record_stream(cur)
@@ -75,9 +62,9 @@ def _sliced(index: ChunkedIndex, qlo: torch.Tensor, k: int, cur, side) -> tuple[
         if tier_first_s is None:
             tier_first_s = time.perf_counter() - t0
         if miss.numel():
-            flipped, order = torch.sort(qlo[a:b].index_select(0, miss) ^ TOP)  # the chunks' order
+            lo, order = _key_sorted(qlo[a:b].index_select(0, miss))
             miss = miss.index_select(0, order)
-            rf, rc = index._serve("lookup", flipped ^ TOP, None, None, D, True)
+            rf, rc = index._serve("lookup", lo, None, None, D, True)
             f.index_copy_(0, miss, rf)
             c.index_copy_(0, miss, rc)
         first[a:b] = f

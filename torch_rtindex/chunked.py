@@ -1255,6 +1255,11 @@ class ChunkedIndex:
     def _chunk_of(self, ordered: torch.Tensor) -> torch.Tensor:
         return torch.searchsorted(self._bounds(ordered.device), ordered ^ TOP, right=True)
 
+    def _run_ends(self, ordered: torch.Tensor) -> list[int]:
+        """Where each chunk's run of ``ordered`` ends, for keys in the chunks' order (:func:`_key_sorted`): chunk
+        j's queries are ordered[ends[j - 1] : ends[j]] (the same chunks as :meth:`_chunk_of`; a host sync)."""
+        return torch.searchsorted(ordered ^ TOP, self._bounds(ordered.device)).tolist() + [ordered.numel()]
+
     def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not isinstance(lo, torch.Tensor):
             raise TypeError(f"queries must be a torch.Tensor, got {type(lo).__name__}")
@@ -1682,8 +1687,8 @@ class ChunkedIndex:
         self._count("hot_hits", hits)
         qmiss = qlo.index_select(0, miss)
         if SORT_TIER_MISSES and miss.numel() > 1:
-            flipped, order = torch.sort(qmiss ^ TOP)
-            qmiss, miss = flipped ^ TOP, miss.index_select(0, order)
+            qmiss, order = _key_sorted(qmiss)
+            miss = miss.index_select(0, order)
         key_order = SORT_TIER_MISSES
         if form == "lookup":
             if miss.numel():
@@ -1786,7 +1791,7 @@ class ChunkedIndex:
         if qhi is None and key_order and SORTED_RUNS:
             # Sorted by key: queue j is the run of keys below chunk j + 1's first key; one search, no scatter, and
             # every queue keeps the batch's key order.
-            ends = torch.searchsorted(qlo ^ TOP, self._bounds(D)).tolist() + [q]
+            ends = self._run_ends(qlo)
             counts = [b - a for a, b in zip([0, *ends[:-1]], ends)]
             s_lo, s_hi = qlo, None
             order = sq = torch.arange(q, device=D)
@@ -2758,6 +2763,13 @@ def _joined(tasks: list, sq: torch.Tensor, D: torch.device):
                 x = torch.cat(xs) if len(xs) > 1 else xs[0]
             parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
+
+
+def _key_sorted(ordered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ordered keys (int64 holding uint64) in the chunks' order, ascending unsigned, and the permutation that sorts
+    them."""
+    flipped, order = torch.sort(ordered ^ TOP)
+    return flipped ^ TOP, order
 
 
 def _aggregated(result: tuple, values: torch.Tensor, D: torch.device, sum_dtype: torch.dtype) -> tuple:
