@@ -126,7 +126,7 @@ case "${1:-}" in
     ;;
   lean)
     { header "out of core, the misses' serving with the least host work, in slices"
-      timeout 560 python3 benchmarks/lean_miss_probe.py --slices 1,2,4 --cpu-shares auto,0.27 --batches 3
+      timeout 560 python3 benchmarks/lean_miss_probe.py --slices 1,2,4 --cpu-shares auto,0.27 --batches 3 --library-switch GROUP_CACHED
       echo "rc=$?"; } 2>&1 | log "lean_miss_$commit.log"
     ;;
   pipeline)

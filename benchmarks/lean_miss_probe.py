@@ -205,7 +205,12 @@ def main() -> None:
                     "the host thread waiting on the GPU spins on a core the CPU's call would use")
     ap.add_argument("--cpu-shares", default="auto", help="the CPU's shares of each slice's misses to try, comma "
                     "separated (auto: from the planner's fitted rates)")
+    ap.add_argument("--library-switch", default="", help="a boolean of torch_rtindex.chunked (e.g. GROUP_CACHED): "
+                    "the library's batch with it off and on, alternating with the lean path")
     a = ap.parse_args()
+    switch = a.library_switch
+    if switch and not isinstance(getattr(chunked, switch, None), bool):
+        ap.error(f"--library-switch: torch_rtindex.chunked has no boolean {switch!r}")
     index, batches, dev, sync = tier_probe_on_device(a)
     for b in batches:  # the planner's rates fitted to these batches before the lean path reads them
         index.lookup(b)
@@ -219,12 +224,20 @@ def main() -> None:
         ref = index.lookup(q)
         chunked.SORTED_RUNS = True
         threads = [int(t) for t in a.threads.split(",")] if a.threads else [torch.get_num_threads()]
-        variants = [("library", None, threads[0])] + [(int(k), x, t) for t in threads for x in shares
-                                                      for k in a.slices.split(",")]
+        library = [("library", None, threads[0])]
+        if switch:
+            library = [(f"library {switch}={on:d}", on, threads[0]) for on in (False, True)]
+        variants = library + [(int(k), x, t) for t in threads for x in shares for k in a.slices.split(",")]
+        default = getattr(chunked, switch) if switch else None
         for variant, share, nt in variants:
             torch.set_num_threads(nt)
-            if variant == "library":
+            if isinstance(variant, str):
+                if switch:
+                    setattr(chunked, switch, share)
                 got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
+                if switch:
+                    setattr(chunked, switch, default)
+                share = None
                 first, count = got.first_row, got.count
                 extra = ""
             else:

@@ -1239,6 +1239,58 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
         assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
 
 
+@pytest.mark.parametrize("group_cached", [True, False])
+def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_cached):
+    """In a batch sorted by key (the tier's misses), the cached chunks' queues go in the in-place queues' one launch,
+    each read from its cache slot (GROUP_CACHED); off, each is a launch of its own. The answers are the reference's
+    (the 64-bit edges, duplicates); the stats count the cached chunks as hits and only the other queues' queries
+    as read in place."""
+    import torch_rtindex.chunked as chunked_module
+
+    monkeypatch.setattr(chunked_module, "GROUP_CACHED", group_cached)
+    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
+    calls = []
+    plain = ChunkedIndex._answer_group
+
+    def counted(self, views, tasks, batch, S):
+        calls.append(sorted(t.resident for t in tasks))
+        return plain(self, views, tasks, batch, S)
+
+    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
+    keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index.lookup(keys[:1500].to(device))  # fills the cache
+    index.processors, index.read_in_place = "auto", True
+    _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)  # the GPU serves; no copies
+    cached = {c for c in index._chunks if c in index._cache}
+    assert 0 < len(cached) < index.num_chunks
+    ref = Reference(keys, "int64")
+    for n in (1, 700):
+        q = torch.cat([point_queries(keys, n, gen), torch.tensor([I64_MIN, I64_MAX] * (n > 1), dtype=torch.int64)])
+        lo, _ = index._check_queries(q.to(device), None)
+        lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order
+        chunk_of = index._chunk_of(lo.cpu())
+        in_cached = sum(int((chunk_of == index._chunks.index(c)).sum()) for c in cached)
+        hit_chunks = sum(int((chunk_of == index._chunks.index(c)).any()) for c in cached)
+        calls.clear()
+        index.reset_stats()
+        got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+        want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
+        np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
+        np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+        s = index.stats()
+        assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
+        assert s["chunk_hits"] == hit_chunks and s["chunk_misses"] == 0
+        queues = hit_chunks + len(set(chunk_of.tolist()) - {index._chunks.index(c) for c in cached})
+        if n > 1:
+            assert hit_chunks > 0 and queues > hit_chunks + 1
+            # on: one launch for every queue; off: the cached chunks' queues apart, the others together
+            assert calls == ([[False] * (queues - hit_chunks) + [True] * hit_chunks] if group_cached
+                             else [[False] * (queues - hit_chunks)])
+        else:
+            assert calls == []  # one queue: a launch of its own
+
+
 def test_lookup_queues_operator(device, gen):
     """rtindex_internal.cgrx_lookup_queues over separate cgRX indexes: each queue's answers equal its own index's
     lookup with the base added; empty queues; clear errors for mismatched lists and queues out of bounds."""

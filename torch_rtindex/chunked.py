@@ -20,7 +20,7 @@ release the GIL). The CPU worker answers small point queues of chunks holding ro
 ``CPU_GROUP_QUERIES`` queries, one ``cgrx_lookup_queues`` call spreading all of a group's queries over the cores (a
 queue alone would pay its call and a parallel region). The GPU reads the queues of a batch sorted by key (the hot
 tier's misses) in place in one launch, queue after queue in the planner's order with a window of lookups in flight
-(``IN_PLACE_WINDOW``); those of any other batch each in a launch of its own (one launch for them read every
+(``IN_PLACE_WINDOW``), the batch's queues of cached chunks in the same launch from their slots (``GROUP_CACHED``); those of any other batch each in a launch of its own (one launch for them read every
 chunk's host memory at once and was slower).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
@@ -193,6 +193,10 @@ SORT_TIER_MISSES = True
 # a search of the chunk bounds, so the partition scatters nothing and every queue keeps the batch's full key order.
 # False: partitioned like any other batch (on CUDA a queue then keeps its tiles together, not its order).
 SORTED_RUNS = True
+# In a batch sorted by key, the cached chunks' queues join the in-place queues' one launch (each with its cache slot's
+# view: the launch takes views in GPU memory and in pinned host memory alike) rather than a launch each before it,
+# so that the in-place reads start sooner. False: a launch per cached queue.
+GROUP_CACHED = True
 
 
 def _calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -1930,28 +1934,53 @@ class ChunkedIndex:
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
-                group = [task]
-                if in_place and not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
-                    group += sched.claim_more("gpu", lambda t: sched.rates.reads_in_place(t) and t.grouped)  # one launch
+                group, entries = [task], {}
+                if not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
+                    # One launch for the in-place queues (and the cached chunks' with GROUP_CACHED): a cached
+                    # chunk's queue joins with the entry it has now (one evicted since the plan is left to its own).
+                    def joins(t: _Task) -> bool:
+                        if not t.grouped:
+                            return False
+                        if sched.rates.reads_in_place(t):
+                            return True
+                        e = cache.entries.get(t.chunk) if GROUP_CACHED and t.resident else None
+                        if e is not None:
+                            entries[t.chunk] = e
+                        return e is not None
+
+                    if joins(task):
+                        group += sched.claim_more("gpu", joins)
                 if len(group) > 1:
-                    entry, view = None, None
-                elif in_place:
-                    entry, view = None, self._in_place_view(task.chunk)
+                    view = None
+                    used = list(entries.values())
+                    # Timed as an in-place sample when it reads any chunk in place (the cached queues' lookups,
+                    # faster, left out of its size), else as the cache's.
+                    in_place_size = sum(t.size for t in group if t.chunk not in entries)
+                    in_place = in_place_size > 0
+                    self._count("chunk_hits", len(used))
                 else:
-                    entry = cache.entries.get(task.chunk)
-                    if entry is None:
-                        entry = self._copy_in(task.chunk, sched.demand(), batch)
-                        self._count("chunk_misses", 1)
+                    entries.clear()
+                    if in_place:
+                        view, used = self._in_place_view(task.chunk), []
                     else:
-                        self._count("chunk_hits", 1)
-                    if cuda and entry.ready is not None:
-                        compute.wait_event(entry.ready)
-                    view = entry.view
+                        entry = cache.entries.get(task.chunk)
+                        if entry is None:
+                            entry = self._copy_in(task.chunk, sched.demand(), batch)
+                            self._count("chunk_misses", 1)
+                        else:
+                            self._count("chunk_hits", 1)
+                        view, used = entry.view, [entry]
+                for e in used:  # the slots read: waited for, and kept until the lookups have read them
+                    if cuda and e.ready is not None:
+                        compute.wait_event(e.ready)
                 size = sum(t.size for t in group)
+                timed_size = in_place_size if len(group) > 1 and in_place else size
 
                 def serve():
                     if view is None:
-                        self._answer_group([self._in_place_view(t.chunk) for t in group], group, batch, dev)
+                        views = [entries[t.chunk].view if t.chunk in entries else self._in_place_view(t.chunk)
+                                 for t in group]
+                        self._answer_group(views, group, batch, dev)
                     else:
                         qlo, qhi = batch.queue(task, dev, self)
                         task.result = self._answer(view, batch, qlo, qhi, dev)
@@ -1962,23 +1991,23 @@ class ChunkedIndex:
                     a.record(compute)
                     serve()
                     b.record(compute)
-                    timed.append((a, b, size))
+                    timed.append((a, b, timed_size))
                 else:
                     t1 = time.perf_counter()
                     serve()
-                    timed.append((None, time.perf_counter() - t1, size))
-                if entry is not None:
+                    timed.append((None, time.perf_counter() - t1, timed_size))
+                for e in used:
                     cache.tick += 1
-                    entry.tick = cache.tick
+                    e.tick = cache.tick
                 if cuda:
                     done = torch.cuda.Event()
                     done.record(compute)
                     inflight.append(done)
-                    if entry is not None:
-                        entry.last_use = done
+                    for e in used:
+                        e.last_use = done
                 self._count("queries_gpu", size)
                 if in_place:
-                    self._count("queries_in_place", size)
+                    self._count("queries_in_place", size - sum(t.size for t in group if t.chunk in entries))
                 tm["gpu_issue"] += time.perf_counter() - t0
         finally:
             for ev in inflight:
