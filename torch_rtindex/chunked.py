@@ -20,8 +20,9 @@ release the GIL). The CPU worker answers small point queues of chunks holding ro
 ``CPU_GROUP_QUERIES`` queries, one ``cgrx_lookup_queues`` call spreading all of a group's queries over the cores (a
 queue alone would pay its call and a parallel region). The GPU reads the queues of a batch sorted by key (the hot
 tier's misses) in place in one launch, queue after queue in the planner's order with a window of lookups in flight
-(``IN_PLACE_WINDOW``), the batch's queues of cached chunks in the same launch from their slots (``GROUP_CACHED``); those of any other batch each in a launch of its own (one launch for them read every
-chunk's host memory at once and was slower).
+(``IN_PLACE_WINDOW``), the batch's queues of cached chunks in the same launch from their slots
+(``GROUP_CACHED``); those of any other batch each in a launch of its own (one launch for them read every chunk's
+host memory at once and was slower).
 
 **Scheduling** (:func:`plan`): each queue costs the CPU ``size / cpu rate`` and the GPU ``max(chunk bytes / copy
 rate, size / GPU rate)`` (no copy when the chunk is cached), or, where the GPU can read the pinned host chunks in
