@@ -23,6 +23,9 @@
 #                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
 #   bash benchmarks/gpu_check.sh lean       # out of core, given tier, Zipf 1.2 2^27: the misses served with the least host
 #                                           # work (lean_miss_probe.py), in 1 / 2 / 4 slices, against the library's batch
+#   bash benchmarks/gpu_check.sh bound      # out of core, given tier, Zipf 1.2 2^27: in core, the tier pass, the selection,
+#                                           # the misses in place and on the CPU over subsets and splits, the pass and
+#                                           # the misses overlapped (miss_bound_probe.py): the batch's floor
 #   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
 #                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
 #   bash benchmarks/gpu_check.sh tier_profile  # out of core, given tier, Zipf 1.2 2^27: the batch kernel by kernel, the tier
@@ -128,6 +131,11 @@ case "${1:-}" in
     { header "out of core, the misses' serving with the least host work, in slices"
       timeout 560 python3 benchmarks/lean_miss_probe.py --slices 1,2,4 --cpu-shares auto,0.27 --batches 3 --library-switch GROUP_CACHED
       echo "rc=$?"; } 2>&1 | log "lean_miss_$commit.log"
+    ;;
+  bound)
+    { header "out of core, given tier, Zipf 1.2 2^27: the batch's floor stage by stage, against in core"
+      timeout 560 python3 benchmarks/miss_bound_probe.py --batches 2 --repeats 3
+      echo "rc=$?"; } 2>&1 | log "miss_bound_$commit.log"
     ;;
   pipeline)
     { header "out of core, the tier pass by chunk overlapped with each chunk's misses"

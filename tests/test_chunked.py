@@ -1678,6 +1678,19 @@ def test_tier_probes_smoke_on_cpu(probe):
     assert len(lines) >= 4 and all(" same True " in x for x in lines)
 
 
+def test_miss_bound_probe_smoke_on_cpu():
+    """The floor probe runs on the CPU at tiny sizes, and every way's answers equal the library's."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "miss_bound_probe.py"), "--device", "cpu", "--log-keys", "16",
+         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--repeats", "1"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "in core median" in out and "1 in 8 misses" in out
+    assert "answers differing from the library's: 0 queues" in out
+
+
 def test_tier_profile_probe_smoke_on_cpu():
     """The tier profile probe runs on the CPU at tiny sizes: a head of the hottest keys, then the tier, leaves the
     same misses as the tier alone."""
