@@ -226,7 +226,7 @@ def main() -> None:
         threads = [int(t) for t in a.threads.split(",")] if a.threads else [torch.get_num_threads()]
         library = [("library", None, threads[0])]
         if switch:
-            library = [(f"library {switch}={on:d}", on, threads[0]) for on in (False, True)]
+            library = [(f"library {switch}={on:d}", on, threads[0]) for on in ((False, True), (True, False))[i % 2]]
         variants = library + [(int(k), x, t) for t in threads for x in shares for k in a.slices.split(",")]
         default = getattr(chunked, switch) if switch else None
         for variant, share, nt in variants:

@@ -1291,6 +1291,44 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
             assert calls == []  # one queue: a launch of its own
 
 
+def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, monkeypatch):
+    """Making a chunk's in-place view can carve its search part out of the cache's shared slab and evict the cached
+    chunks there (on CUDA), the one launch's own among them: such a queue is read in place instead of from its old
+    slot. Forced here on both devices: every cached chunk evicted and its slot overwritten as a view is made; the
+    answers stay the reference's and no evicted chunk counts as a hit."""
+    import torch_rtindex.chunked as chunked_module
+
+    monkeypatch.setattr(chunked_module, "GROUP_CACHED", True)
+    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
+    keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index.lookup(keys[:1500].to(device))  # fills the cache
+    index.processors, index.read_in_place = "auto", True
+    _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+    cache, plain, evicted = index._cache, index._in_place_view, []
+
+    def evicting(chunk):
+        if device == "cuda":
+            torch.cuda.synchronize()  # the earlier lookups are done with the slots overwritten here
+        for c, e in list(cache.entries.items()):
+            e.arena.storage()[e.off : e.off + _align(c.nbytes)].fill_(0xFF)
+            cache.evict(c)
+            evicted.append(c)
+        return plain(chunk)
+
+    monkeypatch.setattr(index, "_in_place_view", evicting)
+    q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
+    lo, _ = index._check_queries(q.to(device), None)
+    lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order, as the tier's misses come
+    index.reset_stats()
+    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+    want_first, want_count, _ = Reference(keys, "int64").points((lo ^ TOP).cpu())
+    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
+    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+    s = index.stats()
+    assert evicted and s["chunk_hits"] == 0 and s["queries_in_place"] == lo.numel()
+
+
 def test_lookup_queues_operator(device, gen):
     """rtindex_internal.cgrx_lookup_queues over separate cgRX indexes: each queue's answers equal its own index's
     lookup with the base added; empty queues; clear errors for mismatched lists and queues out of bounds."""

@@ -1935,7 +1935,7 @@ class ChunkedIndex:
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
-                group, entries = [task], {}
+                group, entries, views = [task], {}, {}
                 if not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
                     # One launch for the in-place queues (and the cached chunks' with GROUP_CACHED): a cached
                     # chunk's queue joins with the entry it has now (one evicted since the plan is left to its own).
@@ -1953,6 +1953,18 @@ class ChunkedIndex:
                         group += sched.claim_more("gpu", joins)
                 if len(group) > 1:
                     view = None
+                    # The in-place views first: making one may carve its search part out of the shared slab,
+                    # evicting cached chunks there, the group's own among them; those are read in place instead.
+                    while True:
+                        for t in group:
+                            if t.chunk not in entries and t.chunk not in views:
+                                views[t.chunk] = self._in_place_view(t.chunk)
+                        gone = [c for c, e in entries.items() if cache.entries.get(c) is not e]
+                        if not gone:
+                            break
+                        for c in gone:
+                            del entries[c]
+                    views.update((c, e.view) for c, e in entries.items())
                     used = list(entries.values())
                     # Timed as an in-place sample when it reads any chunk in place (the cached queues' lookups,
                     # faster, left out of its size), else as the cache's.
@@ -1979,9 +1991,7 @@ class ChunkedIndex:
 
                 def serve():
                     if view is None:
-                        views = [entries[t.chunk].view if t.chunk in entries else self._in_place_view(t.chunk)
-                                 for t in group]
-                        self._answer_group(views, group, batch, dev)
+                        self._answer_group([views[t.chunk] for t in group], group, batch, dev)
                     else:
                         qlo, qhi = batch.queue(task, dev, self)
                         task.result = self._answer(view, batch, qlo, qhi, dev)
