@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from chunked_bench import add_tier_probe_args, make_keys, tier_probe_on_device  # noqa: E402
 
-from torch_rtindex import CgRXIndex  # noqa: E402
+from torch_rtindex import CgRXIndex, chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
 
 
@@ -134,6 +134,11 @@ def main() -> None:
 
     for i, q in enumerate(batches):
         want = index.lookup(q)
+        chunked.GROUP_CACHED = not chunked.GROUP_CACHED
+        other = index.lookup(q)
+        chunked.GROUP_CACHED = not chunked.GROUP_CACHED
+        agree = torch.equal(want.first_row, other.first_row) and torch.equal(want.count, other.count)
+        print(f"batch {i}: the library's answers with GROUP_CACHED on and off equal: {agree}", flush=True)
         qlo, _ = index._check_queries(q, None)
         D = qlo.device
         view = index._tier_view(D)
@@ -172,18 +177,31 @@ def main() -> None:
             t_g, _ = clock.ms(lambda: m.run("gpu", g), R)
             t_c, _ = clock.ms(lambda: m.run("cpu", c), R, host=True)
 
+            own: dict[str, list[float]] = {"gpu": [], "cpu": []}
+
+            def cpu_part():
+                t0 = time.perf_counter()
+                m.run("cpu", c)
+                own["cpu"].append((time.perf_counter() - t0) * 1e3)
+
             def both():
-                th = threading.Thread(target=m.run, args=("cpu", c))
+                th = threading.Thread(target=cpu_part)
                 th.start()
+                ea, eb = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                ea.record()
                 m.run("gpu", g)
+                eb.record()
                 th.join()
+                eb.synchronize()
+                own["gpu"].append(ea.elapsed_time(eb))
                 return g + c
 
             t_b, done = clock.ms(both, R, host=True)
             m.check(done)
             n_c = sum(t.size for t in c)
             print(f"batch {i} split, the CPU {len(c)} of {len(m.tasks)} chunks ({n_c} misses): in place alone "
-                  f"{fmt(t_g)} | cpu alone {fmt(t_c)} | side by side {fmt(t_b, lo.numel())}", flush=True)
+                  f"{fmt(t_g)} | cpu alone {fmt(t_c)} | side by side {fmt(t_b, lo.numel())}; in it the GPU's "
+                  f"launch {fmt(own['gpu'])}, the CPU's call {fmt(own['cpu'])}", flush=True)
             med = statistics.median(t_b)
             best = med if best is None else min(best, med)
         if dev.type == "cuda":
