@@ -205,6 +205,8 @@ def main() -> None:
                     "the host thread waiting on the GPU spins on a core the CPU's call would use")
     ap.add_argument("--cpu-shares", default="auto", help="the CPU's shares of each slice's misses to try, comma "
                     "separated (auto: from the planner's fitted rates)")
+    ap.add_argument("--library-cpu-off", action="store_true", help="also the library's batch with the CPU priced "
+                    "out of the plan (its rate set to 1 lookup/s for that batch): the GPU serves every queue")
     ap.add_argument("--library-switch", default="", help="a boolean of torch_rtindex.chunked (e.g. GROUP_CACHED): "
                     "the library's batch with it off and on, alternating with the lean path")
     a = ap.parse_args()
@@ -227,14 +229,20 @@ def main() -> None:
         library = [("library", None, threads[0])]
         if switch:
             library = [(f"library {switch}={on:d}", on, threads[0]) for on in ((False, True), (True, False))[i % 2]]
+        if a.library_cpu_off:
+            library.append(("library, cpu off", None, threads[0]))
         variants = library + [(int(k), x, t) for t in threads for x in shares for k in a.slices.split(",")]
         default = getattr(chunked, switch) if switch else None
         for variant, share, nt in variants:
             torch.set_num_threads(nt)
             if isinstance(variant, str):
-                if switch:
+                if switch and share is not None:
                     setattr(chunked, switch, share)
+                cpu_rate = index._cpu_rate
+                if variant.endswith("cpu off"):
+                    index._cpu_rate = 1.0
                 got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
+                index._cpu_rate = cpu_rate
                 if switch:
                     setattr(chunked, switch, default)
                 share = None
