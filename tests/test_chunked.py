@@ -752,8 +752,8 @@ def test_rates_are_fitted_with_a_fixed_time_per_queue(gen):
 
     def batch(in_place=(), gpu=(), cpu=(), points=True):
         return SimpleNamespace(points=points, cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
-                               in_place_lookups=[(None, s, n) for n, s in in_place],
-                               gpu_lookups=[(None, s, n) for n, s in gpu])
+                               in_place_lookups=[(None, s, n, 1.0) for n, s in in_place],
+                               gpu_lookups=[(None, s, n, 1.0) for n, s in gpu])
 
     def queues(n, rate, fixed, k=55, spread=0.1):  # k queues around n lookups: fixed + n / rate seconds each
         sizes = [int(n * (1 + spread * (2 * i / (k - 1) - 1))) for i in range(k)]
@@ -1262,6 +1262,8 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)  # the GPU serves; no copies
+    samples = []
+    monkeypatch.setattr(index, "_learn_rates", lambda batch: samples.append(batch.in_place_lookups))
     cached = {c for c in index._chunks if c in index._cache}
     assert 0 < len(cached) < index.num_chunks
     ref = Reference(keys, "int64")
@@ -1273,6 +1275,7 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
         in_cached = sum(int((chunk_of == index._chunks.index(c)).sum()) for c in cached)
         hit_chunks = sum(int((chunk_of == index._chunks.index(c)).any()) for c in cached)
         calls.clear()
+        samples.clear()
         index.reset_stats()
         got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
         want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
@@ -1280,6 +1283,11 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
         np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
         s = index.stats()
         assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
+        # the in-place rate's samples: the one launch's in-place queries, and their share of its time by the planned
+        # rates (equal here: by count)
+        if n > 1 and group_cached:
+            ((_, _, m, share),) = samples[0]
+            assert m == lo.numel() - in_cached and share == pytest.approx(m / lo.numel())
         assert s["chunk_hits"] == hit_chunks and s["chunk_misses"] == 0
         queues = hit_chunks + len(set(chunk_of.tolist()) - {index._chunks.index(c) for c in cached})
         if n > 1:
@@ -1289,6 +1297,35 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
                              else [[False] * (queues - hit_chunks)])
         else:
             assert calls == []  # one queue: a launch of its own
+
+
+def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkeypatch):
+    """With the GPU reading nothing in place (read_in_place off), a batch sorted by key keeps a launch per cached
+    queue: cached queues join only a launch that reads some queue in place."""
+    import torch_rtindex.chunked as chunked_module
+
+    monkeypatch.setattr(chunked_module, "GROUP_CACHED", True)
+    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
+    calls = []
+    plain = ChunkedIndex._answer_group
+    monkeypatch.setattr(ChunkedIndex, "_answer_group",
+                        lambda self, views, tasks, batch, S: calls.append(len(tasks)) or plain(self, views, tasks, batch, S))
+    keys = int64_keys("uniform", 3000, gen)
+    index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
+    index.lookup(keys.to(device))  # every chunk cached
+    assert all(c in index._cache for c in index._chunks)
+    index.processors, index.read_in_place = "auto", False
+    _fixed_rates(index, monkeypatch, cpu=1e3, copy=1e12, gpu=1e9, in_place=1e9)
+    q = point_queries(keys, 500, gen)
+    lo, _ = index._check_queries(q.to(device), None)
+    lo = torch.sort(lo ^ TOP).values ^ TOP
+    index.reset_stats()
+    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+    want_first, want_count, _ = Reference(keys, "int64").points((lo ^ TOP).cpu())
+    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
+    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+    s = index.stats()
+    assert calls == [] and s["chunk_hits"] > 1 and s["queries_in_place"] == 0 and s["queries_gpu"] == lo.numel()
 
 
 def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, monkeypatch):
@@ -2466,10 +2503,10 @@ def test_the_cache_rate_is_learned_from_big_queues_only(gen):
     index = chunked(keys, "cpu", hot_keys=0)
     before = index.rates().gpu
     small = _Batch("lookup", keys[:10], None, None, torch.device("cpu"), None)
-    small.gpu_lookups = [(None, 280e-6, 15000), (None, 200e-6, 3700)]  # what the H100 run timed: 53-80 M/s
+    small.gpu_lookups = [(None, 280e-6, 15000, 1.0), (None, 200e-6, 3700, 1.0)]  # what the H100 run timed: 53-80 M/s
     index._learn_rates(small)
     assert index.rates().gpu == before
     big = _Batch("lookup", keys[:10], None, None, torch.device("cpu"), None)
-    big.gpu_lookups = [(None, 1e-3, 1 << 21), (None, 0.3e-3, 1 << 18)]
+    big.gpu_lookups = [(None, 1e-3, 1 << 21, 1.0), (None, 0.3e-3, 1 << 18, 1.0)]
     index._learn_rates(big)
     assert index.rates().gpu != before and index.rates().gpu > 1e9

@@ -196,7 +196,9 @@ SORT_TIER_MISSES = True
 SORTED_RUNS = True
 # In a batch sorted by key, the cached chunks' queues join the in-place queues' one launch (each with its cache slot's
 # view: the launch takes views in GPU memory and in pinned host memory alike) rather than a launch each before it,
-# so that the in-place reads start sooner. False: a launch per cached queue.
+# so that the in-place reads start sooner. Such a launch is an in-place rate sample with the cached queues' share of its
+# time taken out (their lookups at the cache's planned rate against the others' at the in-place one), and no sample
+# of the cache's rate. False: a launch per cached queue.
 GROUP_CACHED = True
 
 
@@ -738,20 +740,24 @@ class _Scheduler:
                 best.proc = proc
             return best
 
-    def claim_more(self, proc: str, fits_group, limit: int | None = None) -> list[_Task]:
+    def claim_more(self, proc: str, fits_group, limit: int | None = None, needs=None) -> list[_Task]:
         """More of ``proc``'s own queues to serve with one it has claimed, in one call: those ``fits_group``
-        accepts, in list order, until their sizes reach ``limit`` (None: all)."""
+        accepts, in list order, until their sizes reach ``limit`` (None: all); with ``needs``, none unless one of
+        them is a queue ``needs`` accepts."""
         with self.lock:
             if self.abort:
                 return []
             taken, kept, size = [], [], 0
             for t in self.own[proc]:
                 if (limit is None or size < limit) and fits_group(t):
-                    t.proc = proc
                     taken.append(t)
                     size += t.size
                 else:
                     kept.append(t)
+            if needs is not None and not any(needs(t) for t in taken):
+                return []
+            for t in taken:
+                t.proc = proc
             self.own[proc] = kept
             return taken
 
@@ -1935,7 +1941,7 @@ class ChunkedIndex:
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
-                group, entries, views = [task], {}, {}
+                group, entries, views, cached_size = [task], {}, {}, 0
                 if not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
                     # One launch for the in-place queues (and the cached chunks' with GROUP_CACHED): a cached
                     # chunk's queue joins with the entry it has now (one evicted since the plan is left to its own).
@@ -1949,8 +1955,8 @@ class ChunkedIndex:
                             entries[t.chunk] = e
                         return e is not None
 
-                    if joins(task):
-                        group += sched.claim_more("gpu", joins)
+                    if joins(task):  # cached queues join only a launch that reads some queue in place
+                        group += sched.claim_more("gpu", joins, needs=None if in_place else sched.rates.reads_in_place)
                 if len(group) > 1:
                     view = None
                     # The in-place views first: making one may carve its search part out of the shared slab,
@@ -1966,10 +1972,10 @@ class ChunkedIndex:
                             del entries[c]
                     views.update((c, e.view) for c, e in entries.items())
                     used = list(entries.values())
-                    # Timed as an in-place sample when it reads any chunk in place (the cached queues' lookups,
-                    # faster, left out of its size), else as the cache's.
-                    in_place_size = sum(t.size for t in group if t.chunk not in entries)
-                    in_place = in_place_size > 0
+                    # A group reads some queue in place (claim_more's needs): an in-place sample, its cached queues'
+                    # lookups left out of its size and their share of its time (by the planned rates) out of its time.
+                    cached_size = sum(t.size for t in group if t.chunk in entries)
+                    in_place = True
                     self._count("chunk_hits", len(used))
                 else:
                     entries.clear()
@@ -1987,7 +1993,13 @@ class ChunkedIndex:
                     if cuda and e.ready is not None:
                         compute.wait_event(e.ready)
                 size = sum(t.size for t in group)
-                timed_size = in_place_size if len(group) > 1 and in_place else size
+                timed_size, share = size, 1.0
+                if in_place and cached_size:
+                    timed_size = size - cached_size
+                    r = sched.rates
+                    ours, theirs = (timed_size / r.in_place, cached_size / r.gpu) if r.in_place > 0 and r.gpu > 0 \
+                        else (timed_size, cached_size)
+                    share = ours / (ours + theirs)
 
                 def serve():
                     if view is None:
@@ -2002,11 +2014,11 @@ class ChunkedIndex:
                     a.record(compute)
                     serve()
                     b.record(compute)
-                    timed.append((a, b, timed_size))
+                    timed.append((a, b, timed_size, share))
                 else:
                     t1 = time.perf_counter()
                     serve()
-                    timed.append((None, time.perf_counter() - t1, timed_size))
+                    timed.append((None, time.perf_counter() - t1, timed_size, share))
                 for e in used:
                     cache.tick += 1
                     e.tick = cache.tick
@@ -2018,7 +2030,7 @@ class ChunkedIndex:
                         e.last_use = done
                 self._count("queries_gpu", size)
                 if in_place:
-                    self._count("queries_in_place", size - sum(t.size for t in group if t.chunk in entries))
+                    self._count("queries_in_place", size - cached_size)
                 tm["gpu_issue"] += time.perf_counter() - t0
         finally:
             for ev in inflight:
@@ -2193,7 +2205,7 @@ class ChunkedIndex:
         learned = [(batch.gpu_lookups, "gpu")] + ([] if self.processors == "zero_copy" else
                                                   [(batch.in_place_lookups, "in_place")])
         for timed, name in learned:
-            samples = [(n, b if a is None else a.elapsed_time(b) / 1e3) for a, b, n in timed]
+            samples = [(n, (b if a is None else a.elapsed_time(b) / 1e3) * share) for a, b, n, share in timed]
             if name == "gpu":  # see RATE_QUEUE
                 samples = [(n, t) for n, t in samples if n >= RATE_QUEUE]
             if samples:
@@ -2740,7 +2752,8 @@ class _Batch:
     part_event: Any
     key_order: bool = False  # the queries came sorted by key (ChunkedIndex._serve's key_order)
     copies: list = field(default_factory=list)
-    gpu_lookups: list = field(default_factory=list)  # (start event, end event or seconds, queries) per GPU queue
+    # (start event, end event or seconds, queries, the share of the time that is theirs) per GPU queue or launch
+    gpu_lookups: list = field(default_factory=list)
     in_place_lookups: list = field(default_factory=list)  # the same for queues the GPU read in place
     cpu_calls: list = field(default_factory=list)  # (queries, seconds) of each CPU call
     cpu_copy_bytes: int = 0
