@@ -1308,8 +1308,12 @@ def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkey
     monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
     calls = []
     plain = ChunkedIndex._answer_group
-    monkeypatch.setattr(ChunkedIndex, "_answer_group",
-                        lambda self, views, tasks, batch, S: calls.append(len(tasks)) or plain(self, views, tasks, batch, S))
+
+    def counted(self, views, tasks, batch, S):
+        calls.append(len(tasks))
+        return plain(self, views, tasks, batch, S)
+
+    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
     index.lookup(keys.to(device))  # every chunk cached
