@@ -1941,60 +1941,42 @@ class ChunkedIndex:
                 self._maybe_fault("gpu_task")
                 t0 = time.perf_counter()
                 in_place = mapped or sched.rates.reads_in_place(task)
-                group, entries, views, cached_size = [task], {}, {}, 0
+                group, cached_size = [task], 0
                 if not mapped and IN_PLACE_WINDOW is not None and batch.key_order and task.grouped:
-                    # One launch for the in-place queues (and the cached chunks' with GROUP_CACHED): a cached
-                    # chunk's queue joins with the entry it has now (one evicted since the plan is left to its own).
+                    # One launch for the in-place queues and, with GROUP_CACHED, the cached chunks' (a cached chunk
+                    # evicted since the plan is left to a launch of its own); only a launch that reads some queue in
+                    # place takes cached ones.
                     def joins(t: _Task) -> bool:
-                        if not t.grouped:
-                            return False
-                        if sched.rates.reads_in_place(t):
-                            return True
-                        e = cache.entries.get(t.chunk) if GROUP_CACHED and t.resident else None
-                        if e is not None:
-                            entries[t.chunk] = e
-                        return e is not None
+                        return t.grouped and (sched.rates.reads_in_place(t)
+                                              or (GROUP_CACHED and t.resident and t.chunk in cache))
 
-                    if joins(task):  # cached queues join only a launch that reads some queue in place
+                    if joins(task):
                         group += sched.claim_more("gpu", joins, needs=None if in_place else sched.rates.reads_in_place)
                 if len(group) > 1:
                     view = None
-                    # The in-place views first: making one may carve its search part out of the shared slab,
-                    # evicting cached chunks there, the group's own among them; those are read in place instead.
-                    while True:
-                        for t in group:
-                            if t.chunk not in entries and t.chunk not in views:
-                                views[t.chunk] = self._in_place_view(t.chunk)
-                        gone = [c for c, e in entries.items() if cache.entries.get(c) is not e]
-                        if not gone:
-                            break
-                        for c in gone:
-                            del entries[c]
-                    views.update((c, e.view) for c, e in entries.items())
-                    used = list(entries.values())
+                    views, cached = self._group_views(group, sched.rates)
+                    used = list(cached.values())
                     # A group reads some queue in place (claim_more's needs): an in-place sample, its cached queues'
                     # lookups left out of its size and their share of its time (by the planned rates) out of its time.
-                    cached_size = sum(t.size for t in group if t.chunk in entries)
+                    cached_size = sum(t.size for t in group if t.chunk in cached)
                     in_place = True
                     self._count("chunk_hits", len(used))
+                elif in_place:
+                    view, used = self._in_place_view(task.chunk), []
                 else:
-                    entries.clear()
-                    if in_place:
-                        view, used = self._in_place_view(task.chunk), []
+                    entry = cache.entries.get(task.chunk)
+                    if entry is None:
+                        entry = self._copy_in(task.chunk, sched.demand(), batch)
+                        self._count("chunk_misses", 1)
                     else:
-                        entry = cache.entries.get(task.chunk)
-                        if entry is None:
-                            entry = self._copy_in(task.chunk, sched.demand(), batch)
-                            self._count("chunk_misses", 1)
-                        else:
-                            self._count("chunk_hits", 1)
-                        view, used = entry.view, [entry]
+                        self._count("chunk_hits", 1)
+                    view, used = entry.view, [entry]
                 for e in used:  # the slots read: waited for, and kept until the lookups have read them
                     if cuda and e.ready is not None:
                         compute.wait_event(e.ready)
                 size = sum(t.size for t in group)
                 timed_size, share = size, 1.0
-                if in_place and cached_size:
+                if cached_size:  # a group's
                     timed_size = size - cached_size
                     r = sched.rates
                     ours, theirs = (timed_size / r.in_place, cached_size / r.gpu) if r.in_place > 0 and r.gpu > 0 \
@@ -2035,6 +2017,26 @@ class ChunkedIndex:
         finally:
             for ev in inflight:
                 ev.synchronize()
+
+    def _group_views(self, group: list[_Task], rates: Rates) -> tuple[dict[_Chunk, _View], dict[_Chunk, _Entry]]:
+        """The views one launch reads its queues with (:meth:`_gpu_loop`): a cached chunk's slot, else the chunk in
+        place; and the cache entries read. The in-place views are made first: making one may carve its search part
+        out of the shared slab, evicting cached chunks there, the launch's own among them, which are then read in
+        place too."""
+        cache = self._cache
+        cached = {t.chunk: cache.entries[t.chunk] for t in group if not rates.reads_in_place(t)}
+        views: dict[_Chunk, _View] = {}
+        while True:
+            for t in group:
+                if t.chunk not in cached and t.chunk not in views:
+                    views[t.chunk] = self._in_place_view(t.chunk)
+            gone = [c for c, e in cached.items() if cache.entries.get(c) is not e]
+            if not gone:
+                break
+            for c in gone:
+                del cached[c]
+        views.update((c, e.view) for c, e in cached.items())
+        return views, cached
 
     def _slab(self, arena: _Arena) -> torch.Tensor:
         """One of the cache's slabs, allocated on first use (on the current stream, which the copy stream then
