@@ -41,9 +41,9 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1):
+def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1, keep: list | None = None):
     """Median milliseconds of `repeats` runs after `warmup` (host clock around a synchronized call: a batch
-    synchronizes with the host anyway), and the last result."""
+    synchronizes with the host anyway), and the last result; `keep` receives every run's milliseconds."""
     out = None
     for _ in range(warmup):
         out = fn()
@@ -54,8 +54,26 @@ def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1):
         out = fn()
         sync(dev)
         times.append((time.perf_counter() - t0) * 1e3)
+    if keep is not None:
+        keep.extend(times)
     times.sort()
     return times[len(times) // 2], out
+
+
+@contextlib.contextmanager
+def switched(**settings):
+    """torch_rtindex.chunked's module settings (its switches and windows) set for a block and restored after it:
+    the probes' A/B variants of the library."""
+    from torch_rtindex import chunked
+
+    saved = {k: getattr(chunked, k) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(chunked, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(chunked, k, v)
 
 
 class GcTimer:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, tier_passes, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, switched, tier_passes, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import ChunkedIndex, chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
@@ -222,9 +222,8 @@ def main() -> None:
     shares = [auto if x == "auto" else float(x) for x in a.cpu_shares.split(",")]
     gc_timer = GcTimer()
     for i, q in enumerate(batches):
-        chunked.SORTED_RUNS = False  # the reference: the misses partitioned, not cut into runs as here
-        ref = index.lookup(q)
-        chunked.SORTED_RUNS = True
+        with switched(SORTED_RUNS=False):  # the reference: the misses partitioned, not cut into runs as here
+            ref = index.lookup(q)
         threads = [int(t) for t in a.threads.split(",")] if a.threads else [torch.get_num_threads()]
         library = [("library", None, threads[0])]
         if switch:
@@ -232,19 +231,15 @@ def main() -> None:
         if a.library_cpu_off:
             library.append(("library, cpu off", None, threads[0]))
         variants = library + [(int(k), x, t) for t in threads for x in shares for k in a.slices.split(",")]
-        default = getattr(chunked, switch) if switch else None
         for variant, share, nt in variants:
             torch.set_num_threads(nt)
             if isinstance(variant, str):
-                if switch and share is not None:
-                    setattr(chunked, switch, share)
                 cpu_rate = index._cpu_rate
                 if variant.endswith("cpu off"):
                     index._cpu_rate = 1.0
-                got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
+                with switched(**({switch: share} if share is not None else {})):
+                    got, ms = gc_timer.timed(lambda: index.lookup(q), sync)
                 index._cpu_rate = cpu_rate
-                if switch:
-                    setattr(chunked, switch, default)
                 share = None
                 first, count = got.first_row, got.count
                 extra = ""

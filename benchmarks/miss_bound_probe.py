@@ -30,41 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import add_tier_probe_args, make_keys, tier_probe_on_device  # noqa: E402
+from chunked_bench import add_tier_probe_args, make_keys, run_timed, switched, tier_probe_on_device  # noqa: E402
+from rx_bench import timed  # noqa: E402
 
 from torch_rtindex import CgRXIndex, chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
 
 
-class Clock:
-    """Times a call: CUDA events around it where it runs on the GPU, the host's wall time otherwise (a CPU call
-    returns when its work is done); the device synchronized before each run."""
-
-    def __init__(self, dev: torch.device) -> None:
-        self.cuda = dev.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def ms(self, fn, repeats: int, host: bool = False) -> tuple[list[float], object]:
-        """fn's milliseconds per run and its last output."""
-        times, out = [], None
-        for _ in range(repeats):
-            self.sync()
-            if self.cuda and not host:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                out = fn()
-                b.record()
-                b.synchronize()
-                times.append(a.elapsed_time(b))
-            else:
-                t0 = time.perf_counter()
-                out = fn()
-                self.sync()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return times, out
+def ms(fn, repeats: int, dev: torch.device, host: bool = False, warmup: int = 0) -> tuple[list[float], object]:
+    """fn's milliseconds per run and its last output: CUDA events around it on the GPU (rx_bench.timed), the host's
+    clock around a synchronized call for work on the host or on both (chunked_bench.run_timed)."""
+    times: list[float] = []
+    if host or dev.type != "cuda":
+        _, out = run_timed(fn, dev, repeats, warmup, keep=times)
+    else:
+        _, out = timed(fn, repeats, warmup, dev, keep=times)
+    return times, out
 
 
 def fmt(times: list[float], n: int | None = None) -> str:
@@ -113,16 +94,16 @@ def main() -> None:
                     "comma separated")
     a = ap.parse_args()
     index, batches, dev, sync = tier_probe_on_device(a)
-    clock, R = Clock(dev), a.repeats
+    R = a.repeats
 
     keys = make_keys(1 << a.log_keys, dev)  # the index's keys (the same seed)
     core = CgRXIndex(keys.to(dev), layout=index.layout, backend=index.backend, bucket_size=index.bucket_size)
     del keys
     in_core = []
     for i, q in enumerate(batches):
-        times, _ = clock.ms(lambda: core.lookup(q), R + 1)  # the first run warms up
-        in_core += times[1:]
-        print(f"batch {i} in core: {fmt(times[1:], q.numel())}", flush=True)
+        times, _ = ms(lambda: core.lookup(q), R, dev, warmup=1)
+        in_core += times
+        print(f"batch {i} in core: {fmt(times, q.numel())}", flush=True)
     core = None  # its memory back before the chunked batches
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -134,23 +115,22 @@ def main() -> None:
 
     for i, q in enumerate(batches):
         want = index.lookup(q)
-        chunked.GROUP_CACHED = not chunked.GROUP_CACHED
-        other = index.lookup(q)
-        chunked.GROUP_CACHED = not chunked.GROUP_CACHED
+        with switched(GROUP_CACHED=not chunked.GROUP_CACHED):
+            other = index.lookup(q)
         agree = torch.equal(want.first_row, other.first_row) and torch.equal(want.count, other.count)
         print(f"batch {i}: the library's answers with GROUP_CACHED on and off equal: {agree}", flush=True)
         qlo, _ = index._check_queries(q, None)
         D = qlo.device
         view = index._tier_view(D)
         tb = _Batch("lookup", qlo, None, None, D, None)
-        t_tier, (_, _, count) = clock.ms(lambda: index._answer(view, tb, qlo, None, D), R)
+        t_tier, (_, _, count) = ms(lambda: index._answer(view, tb, qlo, None, D), R, dev)
 
         def select():
             miss = torch.nonzero(count == 0).reshape(-1)
             lo, order = _key_sorted(qlo.index_select(0, miss))
             return lo, miss.index_select(0, order)
 
-        t_sel, (lo, pos) = clock.ms(select, R)
+        t_sel, (lo, pos) = ms(select, R, dev)
         tier_ms, sel_ms = statistics.median(t_tier), statistics.median(t_sel)
         print(f"batch {i}: tier pass {fmt(t_tier, qlo.numel())}; selection of the {lo.numel()} misses "
               f"{fmt(t_sel)}", flush=True)
@@ -161,9 +141,9 @@ def main() -> None:
             part = m.tasks[: max(1, len(m.tasks) // k)]
             n_part = sum(t.size for t in part)
             for way in ways:
-                t_e, done = clock.ms(lambda: e.run(way, e.tasks), R, host=way == "cpu")
+                t_e, done = ms(lambda: e.run(way, e.tasks), R, dev, host=way == "cpu")
                 e.check(done)
-                t_p, done = clock.ms(lambda: m.run(way, part), R, host=way == "cpu")
+                t_p, done = ms(lambda: m.run(way, part), R, dev, host=way == "cpu")
                 m.check(done)
                 print(f"batch {i} {names[way]:8s} 1 in {k} misses ({e.lo.numel()} in {len(e.tasks)} chunks): "
                       f"{fmt(t_e, e.lo.numel())} | the first 1/{k} of the chunks ({n_part} in {len(part)}): "
@@ -174,8 +154,8 @@ def main() -> None:
         for share in shares if dev.type == "cuda" else []:
             cut = round(len(m.tasks) * (1 - share))
             g, c = m.tasks[:cut], m.tasks[cut:]
-            t_g, _ = clock.ms(lambda: m.run("gpu", g), R)
-            t_c, _ = clock.ms(lambda: m.run("cpu", c), R, host=True)
+            t_g, _ = ms(lambda: m.run("gpu", g), R, dev)
+            t_c, _ = ms(lambda: m.run("cpu", c), R, dev, host=True)
 
             own: dict[str, list[float]] = {"gpu": [], "cpu": []}
 
@@ -196,7 +176,7 @@ def main() -> None:
                 own["gpu"].append(ea.elapsed_time(eb))
                 return g + c
 
-            t_b, done = clock.ms(both, R, host=True)
+            t_b, done = ms(both, R, dev, host=True)
             m.check(done)
             n_c = sum(t.size for t in c)
             print(f"batch {i} split, the CPU {len(c)} of {len(m.tasks)} chunks ({n_c} misses): in place alone "
@@ -220,8 +200,8 @@ def main() -> None:
                 torch.cuda.current_stream().wait_stream(s1)
                 torch.cuda.current_stream().wait_stream(s2)
 
-            t_o, _ = clock.ms(overlapped, R)
-            t_i, _ = clock.ms(lambda: m.run("gpu", m.tasks), R)
+            t_o, _ = ms(overlapped, R, dev)
+            t_i, _ = ms(lambda: m.run("gpu", m.tasks), R, dev)
             print(f"batch {i} the tier pass and all misses in place at once on two streams: {fmt(t_o)}; one after "
                   f"the other: {tier_ms + statistics.median(t_i):.3f} ms", flush=True)
             floor = tier_ms + sel_ms + best

@@ -42,9 +42,10 @@ def build_timed(fn, device="cuda"):
     return out, ms, (torch.cuda.max_memory_allocated() - base) / 1e9 if cuda else None
 
 
-def timed(fn, repeats=5, warmup=1, device="cuda"):
+def timed(fn, repeats=5, warmup=1, device="cuda", keep=None):
     """Median milliseconds of `repeats` runs after `warmup`: timed with CUDA events on the current stream on a
-    CUDA device, with time.perf_counter around each run on the CPU (whose operators return with the work done)."""
+    CUDA device, with time.perf_counter around each run on the CPU (whose operators return with the work done);
+    `keep` (a list) receives every run's milliseconds."""
     for _ in range(warmup):
         fn()
     times = []
@@ -61,6 +62,8 @@ def timed(fn, repeats=5, warmup=1, device="cuda"):
             t0 = time.perf_counter()
             out = fn()
             times.append((time.perf_counter() - t0) * 1e3)
+    if keep is not None:
+        keep.extend(times)
     return statistics.median(times), out
 
 

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, tier_probe_on_device  # noqa: E402
+from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, switched, tier_probe_on_device  # noqa: E402
 
 from torch_rtindex import chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
@@ -50,9 +50,8 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
     dev = lo.device  # with its index, as the library's batches have it
     ends = index._run_ends(lo)
     tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
-    chunked.SORTED_RUNS = False  # the reference: the library's queues partitioned, not cut into runs
-    want = index._serve("lookup", lo, None, None, dev, True)
-    chunked.SORTED_RUNS = True
+    with switched(SORTED_RUNS=False):  # the reference: the library's queues partitioned, not cut into runs
+        want = index._serve("lookup", lo, None, None, dev, True)
     ways = [("cpu", torch.device("cpu"), index._host_view)]
     if dev.type == "cuda":
         ways.insert(0, ("in place", dev, index._in_place_view))
@@ -159,8 +158,8 @@ def main() -> None:
     if a.trace:
         traced_rounds(index, batches, sync, [int(x) for x in a.trace.split(",")], max(a.rounds, 1))
     q = batches[-1]
-    chunked.SORT_TIER_MISSES = False
-    want = [index.lookup(b) for b in batches]  # the reference, and a warm-up
+    with switched(SORT_TIER_MISSES=False):
+        want = [index.lookup(b) for b in batches]  # the reference, and a warm-up
 
     def library_round(label: str, r: int) -> None:
         for i, b in enumerate(batches):
@@ -173,21 +172,17 @@ def main() -> None:
 
     for r in range(a.rounds):  # the library's own switch, rounds alternating on the same index and batches
         for on in (False, True):
-            chunked.SORT_TIER_MISSES = on
-            library_round("sorted" if on else "as they come", r)
-    chunked.SORT_TIER_MISSES = True
+            with switched(SORT_TIER_MISSES=on):
+                library_round("sorted" if on else "as they come", r)
     windows = [None if w == "none" else int(w) for w in a.windows.split(",") if w]
-    default_window = chunked.IN_PLACE_WINDOW
     for r in range(a.rounds if windows else 0):  # the sorted misses' in-place queues in one launch
         for w in windows:
-            chunked.IN_PLACE_WINDOW = w
-            library_round(f"sorted, window {w}", r)
-    chunked.IN_PLACE_WINDOW = default_window
+            with switched(IN_PLACE_WINDOW=w):
+                library_round(f"sorted, window {w}", r)
     for r in range(a.rounds if a.runs else 0):  # the sorted misses' queues: partitioned, or runs of the batch
         for on in (False, True):
-            chunked.SORTED_RUNS = on
-            library_round(f"sorted, {'runs' if on else 'partitioned'}", r)
-    chunked.SORTED_RUNS = True
+            with switched(SORTED_RUNS=on):
+                library_round(f"sorted, {'runs' if on else 'partitioned'}", r)
     for i, b in enumerate(batches):
         ways_alone(index, b, dev, sync, i)
     miss = q[tier_missed(index, q)[1]]
