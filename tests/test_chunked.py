@@ -278,6 +278,33 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
     assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
 
 
+def _key_ordered(index, q, device):
+    """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to _serve."""
+    lo, _ = index._check_queries(q.to(device), None)
+    return torch.sort(lo ^ TOP).values ^ TOP
+
+
+def _serve_key_ordered(index, lo, ref):
+    """lo's point lookups served as a batch sorted by key (key_order), checked against the reference (int64 keys:
+    ordered ^ TOP is the key)."""
+    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+    want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
+    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
+    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+
+
+def _recorded_groups(monkeypatch, what):
+    """ChunkedIndex._answer_group wrapped: what(tasks, S) of each call appended to the list returned."""
+    calls, plain = [], ChunkedIndex._answer_group
+
+    def recorded(self, views, tasks, batch, S):
+        calls.append(what(tasks, S))
+        return plain(self, views, tasks, batch, S)
+
+    monkeypatch.setattr(ChunkedIndex, "_answer_group", recorded)
+    return calls
+
+
 @pytest.mark.parametrize("runs", [True, False])
 def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
     """A batch sorted by key (key_order) is cut into each chunk's run of it (SORTED_RUNS) instead of partitioned:
@@ -301,13 +328,9 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
     for n in (0, 1, 700):
         q = torch.cat([point_queries(keys, n, gen), first[: n // 100], first[: n // 100] - 1,
                        torch.tensor([I64_MIN, I64_MAX] if n else [], dtype=torch.int64)])
-        lo, _ = index._check_queries(q.to(device), None)
-        lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order
+        lo = _key_ordered(index, q, device)
         seen.clear()
-        got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
-        want_first, want_count, _ = ref.points((lo ^ TOP).cpu())  # int64 keys: ordered ^ TOP is the key
-        np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-        np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+        _serve_key_ordered(index, lo, ref)
         (queues,) = seen
         assert sum(x.numel() for _, x in queues) == lo.numel()
         chunk_ids = index._chunk_of(lo.cpu())
@@ -1202,14 +1225,7 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
     queues; the answers are the reference's (duplicates, misses, the 64-bit edges)."""
     import torch_rtindex.chunked as chunked_module
 
-    calls = []
-    plain = ChunkedIndex._answer_group
-
-    def counted(self, views, tasks, batch, S):
-        calls.append((S.type, len(tasks)))
-        return plain(self, views, tasks, batch, S)
-
-    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
+    calls = _recorded_groups(monkeypatch, lambda tasks, S: (S.type, len(tasks)))
     monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 64)  # several CPU groups per batch
     monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)  # the GPU's in-place queues in one launch
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1])])
@@ -1249,14 +1265,7 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
 
     monkeypatch.setattr(chunked_module, "GROUP_CACHED", group_cached)
     monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
-    calls = []
-    plain = ChunkedIndex._answer_group
-
-    def counted(self, views, tasks, batch, S):
-        calls.append(sorted(t.resident for t in tasks))
-        return plain(self, views, tasks, batch, S)
-
-    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
+    calls = _recorded_groups(monkeypatch, lambda tasks, S: sorted(t.resident for t in tasks))
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
     index.lookup(keys[:1500].to(device))  # fills the cache
@@ -1269,18 +1278,14 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
     ref = Reference(keys, "int64")
     for n in (1, 700):
         q = torch.cat([point_queries(keys, n, gen), torch.tensor([I64_MIN, I64_MAX] * (n > 1), dtype=torch.int64)])
-        lo, _ = index._check_queries(q.to(device), None)
-        lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order
+        lo = _key_ordered(index, q, device)
         chunk_of = index._chunk_of(lo.cpu())
         in_cached = sum(int((chunk_of == index._chunks.index(c)).sum()) for c in cached)
         hit_chunks = sum(int((chunk_of == index._chunks.index(c)).any()) for c in cached)
         calls.clear()
         samples.clear()
         index.reset_stats()
-        got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
-        want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
-        np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-        np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+        _serve_key_ordered(index, lo, ref)
         s = index.stats()
         assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
         # the in-place rate's samples: the one launch's in-place queries, and their share of its time by the planned
@@ -1306,28 +1311,16 @@ def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkey
 
     monkeypatch.setattr(chunked_module, "GROUP_CACHED", True)
     monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
-    calls = []
-    plain = ChunkedIndex._answer_group
-
-    def counted(self, views, tasks, batch, S):
-        calls.append(len(tasks))
-        return plain(self, views, tasks, batch, S)
-
-    monkeypatch.setattr(ChunkedIndex, "_answer_group", counted)
+    calls = _recorded_groups(monkeypatch, lambda tasks, S: len(tasks))
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
     index.lookup(keys.to(device))  # every chunk cached
     assert all(c in index._cache for c in index._chunks)
     index.processors, index.read_in_place = "auto", False
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1e12, gpu=1e9, in_place=1e9)
-    q = point_queries(keys, 500, gen)
-    lo, _ = index._check_queries(q.to(device), None)
-    lo = torch.sort(lo ^ TOP).values ^ TOP
+    lo = _key_ordered(index, point_queries(keys, 500, gen), device)
     index.reset_stats()
-    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
-    want_first, want_count, _ = Reference(keys, "int64").points((lo ^ TOP).cpu())
-    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+    _serve_key_ordered(index, lo, Reference(keys, "int64"))
     s = index.stats()
     assert calls == [] and s["chunk_hits"] > 1 and s["queries_in_place"] == 0 and s["queries_gpu"] == lo.numel()
 
@@ -1359,13 +1352,9 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
 
     monkeypatch.setattr(index, "_in_place_view", evicting)
     q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
-    lo, _ = index._check_queries(q.to(device), None)
-    lo = torch.sort(lo ^ TOP).values ^ TOP  # the chunks' order, as the tier's misses come
+    lo = _key_ordered(index, q, device)
     index.reset_stats()
-    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
-    want_first, want_count, _ = Reference(keys, "int64").points((lo ^ TOP).cpu())
-    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+    _serve_key_ordered(index, lo, Reference(keys, "int64"))
     s = index.stats()
     assert evicted and s["chunk_hits"] == 0 and s["queries_in_place"] == lo.numel()
 
