@@ -178,6 +178,15 @@ def tier_passes(index: ChunkedIndex, qlo: torch.Tensor, k: int, stream, span=Non
     return out
 
 
+def run_tasks(index: ChunkedIndex, lo: torch.Tensor) -> list:
+    """The queues of a batch sorted by key (``lo``: ordered keys in the chunks' order) as the library cuts them
+    (``ChunkedIndex._run_ends``): a task per chunk with queries, over lo[start : start + size]."""
+    from torch_rtindex.chunked import _Task  # the probes' internals, not the bench's
+
+    ends = index._run_ends(lo)
+    return [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
+
+
 def stages_ms(time_s: dict) -> str:
     """A batch's nonzero stage seconds (``stats()["last_batch"]["time_s"]``) in milliseconds, as the probes print."""
     return " ".join(f"{k} {v * 1e3:.2f}" for k, v in time_s.items() if v)

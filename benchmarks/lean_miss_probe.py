@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, switched, tier_passes, tier_probe_on_device  # noqa: E402
+from chunked_bench import (GcTimer, add_tier_probe_args, run_tasks, switched, tier_passes,  # noqa: E402
+                          tier_probe_on_device)
 
 from torch_rtindex import ChunkedIndex, chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
@@ -129,18 +130,17 @@ class Lean:
             lo, order = _key_sorted(qlo.index_select(0, miss))
             miss = miss.index_select(0, order)
             end()
-            ends = index._run_ends(lo)
+            runs = run_tasks(index, lo)
         self.mark("runs cut")
         if self.cuda:
             self.high.wait_stream(self.sel)
             miss.record_stream(self.high)
             lo.record_stream(self.high)
-        runs = [(ch, a, b) for ch, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
         # The split: the GPU the runs below it, the CPU those above, at the run boundary nearest the CPU's share.
         want = m - int(m * self.cpu_share)
-        split = min([a for _, a, _ in runs] + [m], key=lambda a: abs(a - want))
-        gpu_tasks = [_Task(ch, a, b - a, False, True) for ch, a, b in runs if b <= split]
-        cpu_tasks = [_Task(ch, a - split, b - a, False, True) for ch, a, b in runs if a >= split]
+        split = min([t.start for t in runs] + [m], key=lambda a: abs(a - want))
+        gpu_tasks = [t for t in runs if t.start + t.size <= split]
+        cpu_tasks = [_Task(t.chunk, t.start - split, t.size, False, True) for t in runs if t.start >= split]
         job = None
         if cpu_tasks:
             host = lo[split:]

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import add_tier_probe_args, make_keys, run_timed, switched, tier_probe_on_device  # noqa: E402
+from chunked_bench import (add_tier_probe_args, make_keys, run_tasks, run_timed, switched,  # noqa: E402
+                          tier_probe_on_device)
 from rx_bench import timed  # noqa: E402
 
 from torch_rtindex import CgRXIndex, chunked  # noqa: E402
@@ -66,8 +67,7 @@ class Misses:
         self.on = {"gpu": self.D, "cpu": cpu}
         self.view = {"gpu": index._in_place_view if self.cuda else index._host_view, "cpu": index._host_view}
         self.batch = {w: _Batch("lookup", lo.to(d), None, None, d, None, key_order=True) for w, d in self.on.items()}
-        ends = index._run_ends(lo)
-        self.tasks = [_Task(c, s, e - s, False, True) for c, s, e in zip(index._chunks, [0, *ends[:-1]], ends) if e > s]
+        self.tasks = run_tasks(index, lo)
         self.bad = 0
 
     def every(self, k: int) -> "Misses":

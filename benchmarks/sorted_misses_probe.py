@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from chunked_bench import GcTimer, add_tier_probe_args, stages_ms, switched, tier_probe_on_device  # noqa: E402
+from chunked_bench import (GcTimer, add_tier_probe_args, run_tasks, stages_ms, switched,  # noqa: E402
+                          tier_probe_on_device)
 
 from torch_rtindex import chunked  # noqa: E402
 from torch_rtindex.chunked import _Batch, _key_sorted, _Task  # noqa: E402
@@ -48,8 +49,7 @@ def ways_alone(index, q: torch.Tensor, dev: torch.device, sync, i: int) -> None:
     qlo, missed = tier_missed(index, q)
     lo, _ = _key_sorted(qlo[missed])
     dev = lo.device  # with its index, as the library's batches have it
-    ends = index._run_ends(lo)
-    tasks = [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
+    tasks = run_tasks(index, lo)
     with switched(SORTED_RUNS=False):  # the reference: the library's queues partitioned, not cut into runs
         want = index._serve("lookup", lo, None, None, dev, True)
     ways = [("cpu", torch.device("cpu"), index._host_view)]
