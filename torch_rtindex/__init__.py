@@ -16,6 +16,7 @@ from . import _extension
 from .cgrx import CgRXIndex
 from .cgrx_updatable import UpdatableCgRXIndex
 from .chunked import ChunkedIndex
+from .index import Index, UpdatableIndex
 from .results import Aggregate, CappedMatches, CappedPairs, Lookup, Matches, UpdateResult
 from .rx import RXIndex
 from .scene import SceneConfig
@@ -51,4 +52,4 @@ def optix_info(device: int | torch.device | None = None) -> dict:
 
 __all__ = ["RXIndex", "CgRXIndex", "UpdatableCgRXIndex", "SceneConfig", "Lookup", "Matches", "Aggregate", "optix_info", "__version__"]
 __all__ += ["IdToRow", "join", "range_join", "join_capped", "range_join_capped", "CappedMatches", "CappedPairs"]
-__all__ += ["UpdateResult", "MissingIdError", "ChunkedIndex", "reserve_l2"]
+__all__ += ["UpdateResult", "MissingIdError", "ChunkedIndex", "reserve_l2", "Index", "UpdatableIndex"]

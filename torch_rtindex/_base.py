@@ -292,10 +292,12 @@ class IndexBase:
         return (type(t) is torch.Tensor and t.dtype == self.key_dtype and t.device == self.device and t.dim() == 1
                 and t.is_contiguous())
 
-    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
-        """The checks every query batch passes: a fast test of the common case, the explaining one otherwise."""
+    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The checks every query batch passes: a fast test of the common case, the explaining one otherwise.
+        Returns the batch in the key dtype (lossless conversions only)."""
         if hi is not None or not self._plain_batch(lo):
-            check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
+            return check_queries(lo, hi, dtype=self.key_dtype, device=self.device, key_type=self.key_type)
+        return lo, hi
 
     def _call(self, form: str, lo: torch.Tensor, hi: torch.Tensor | None, method: str, needs_host_sync: bool = False,
               values: torch.Tensor | None = None, capacity: Any = None, miss_row: int = -1,
@@ -304,7 +306,7 @@ class IndexBase:
         answers that come one per query go through a query sort where :attr:`sort_queries` says so. ``configs``:
         the operator configurations for the caller's key type and for ordered keys, if not the index's own."""
         cfg, cfg_ordered = configs if configs is not None else (self._cfg, self._cfg_ordered)
-        self._check_queries(lo, hi)
+        lo, hi = self._check_queries(lo, hi)
         if self._cuda and (needs_host_sync or self._capture_blocked):
             self._refuse_capture(method, needs_host_sync)
         extra = ()

@@ -1282,7 +1282,7 @@ class ChunkedIndex:
                 "ChunkedIndex lookups cannot be captured in a CUDA graph: every batch learns its queue sizes on the "
                 "host (and copies chunks in as needed)"
             )
-        check_queries(lo, hi, dtype=self.key_dtype, device=D)
+        lo, hi = check_queries(lo, hi, dtype=self.key_dtype, device=D, key_type=self.key_type)
         ops = _ops()
         if hi is None:
             return ops.map_keys(lo, KEY_TYPES[self.key_type]), None
