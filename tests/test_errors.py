@@ -26,8 +26,8 @@ def test_bad_keys(device):
 
 def test_bad_queries_leave_the_index_usable(device):
     index = RXIndex(torch.tensor([5, 6, 7], device=device))
+    with pytest.raises(TypeError, match="dtype"):
         index.lookup(torch.tensor([5.0], dtype=torch.float32, device=device))
-        index.lookup(torch.tensor([5], dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="1-D"):
         index.lookup(torch.tensor([[5]], device=device))
     with pytest.raises(ValueError, match="contiguous"):
