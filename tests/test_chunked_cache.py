@@ -3,9 +3,10 @@ lent to chunks until search parts need it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from torch_rtindex.chunked.cache import ChunkCache
+from torch_rtindex.chunked.cache import ChunkCache, split_budget
 from torch_rtindex.chunked.store import Chunk
 
 
@@ -69,3 +70,17 @@ def test_the_cache_lends_its_shared_slab_to_chunks_until_slots_need_it():
     shared.dropped.append((0, 256))  # a dropped view's slot (as its finalizer queues it)
     assert cache.make_room(_cache_chunk(256), {}) == ((shared, 0), 0)
     assert not shared.dropped
+
+
+def test_the_budget_is_split_between_the_hot_tier_the_cache_and_search_parts():
+    # automatic tier: a sixteenth of the budget at its bytes per key, if the rest still holds two chunks
+    assert split_budget(1 << 20, 4096, None, 32, 0) == ((1 << 20) // 16 // 32, (1 << 20) - (1 << 20) // 16, 0)
+    assert split_budget(8500, 4096, None, 32, 0) == (0, 8500, 0)  # the rest would not hold two chunks
+    assert split_budget(1 << 20, 4096, 100, 32, 5000) == (100, (1 << 20) - 3200 - 5000, 5000)
+    assert split_budget(20000, 4096, 100, 32, 10000) == (100, 20000 - 3200, 0)  # search parts would crowd chunks
+    assert split_budget(0, 4096, None, 32, 5000) == (0, 0, 0)  # no budget: no tier, no cache
+    with pytest.raises(ValueError, match="holds no chunk"):
+        split_budget(1000, 4096, None, 32, 0)
+    with pytest.raises(ValueError, match="hot_keys=1000 takes 32000 bytes"):
+        split_budget(32000, 4096, 1000, 32, 0)
+

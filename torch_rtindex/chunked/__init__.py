@@ -27,12 +27,12 @@ from .._base import VALUE_DTYPES, IndexBase, _ops
 from .._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from .build import Builder
-from .cache import ChunkCache
+from .cache import ChunkCache, split_budget
 from .config import ChunkBackend, ChunkedConfig, ChunkLayout, Eviction, Processors
 from .cost import CostModel, Rates
 from .executor import Executor
 from .files import load_manifest, save_generation
-from .hot_tier import HOT_CANDIDATE_BYTES, HOT_MAX_KEYS, HotTier
+from .hot_tier import HOT_CANDIDATE_BYTES, HotTier
 from .merge import capped
 from .stats import Stats
 from .store import SEARCH_SLACK, ChunkStore, align, chunks_of_manifest, search_bytes
@@ -202,37 +202,17 @@ class ChunkedIndex:
 
     def _setup_tiers(self) -> None:
         """Splits gpu_budget between the hot-key tier and the chunk cache, now that the chunk sizes are known."""
-        largest = align(max(c.nbytes for c in self._store.chunks))
-        budget, cfg = self.gpu_budget, self._config
-        if budget and largest > budget:
-            raise ValueError(
-                f"gpu_budget={budget} bytes holds no chunk: the largest chunk takes {largest} bytes; "
-                "raise gpu_budget, lower chunk_bytes (a run of equal keys always stays in one chunk), or pass "
-                "gpu_budget=0 to serve from host memory only"
-            )
-        cap = cfg.hot_keys
-        per_key = HOT_CANDIDATE_BYTES + self._hot.pair_bytes()
-        if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
-            cap = min(HOT_MAX_KEYS, budget // 16 // per_key)
-            if budget - cap * per_key < 2 * largest:
-                cap = 0
-        elif budget and budget - cap * per_key < largest:
-            raise ValueError(
-                f"hot_keys={cap} takes {cap * per_key} bytes of gpu_budget={budget}, and the rest holds no "
-                f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
-            )
-        self._hot.reserve(cap)
-        rest = budget - cap * per_key if budget else 0
-        search = 0
-        # Only where this index reads chunks in place: its processors at construction (or open) say so.
-        if self.device.type == "cuda" and self._store.pin and rest and cfg.processors in ("auto", "zero_copy"):
-            search = int(sum(search_bytes(c.specs) for c in self._store.chunks) * SEARCH_SLACK)
-            if rest - search < 2 * largest:
-                search = 0
-        arena = rest - search
+        cfg, store = self._config, self._store
+        # Search parts kept on the GPU only where this index reads chunks in place: its processors at construction
+        # (or open) say so.
+        in_place = self.device.type == "cuda" and store.pin and cfg.processors in ("auto", "zero_copy")
+        search = int(sum(search_bytes(c.specs) for c in store.chunks) * SEARCH_SLACK) if in_place else 0
+        hot, arena, search = split_budget(self.gpu_budget, align(max(c.nbytes for c in store.chunks)), cfg.hot_keys,
+                                          HOT_CANDIDATE_BYTES + self._hot.pair_bytes(), search)
+        self._hot.reserve(hot)
         # The search parts' reservation is a slab of its own that chunks use until search parts need its room.
         cache = ChunkCache(arena, self.device, cfg.eviction, spare=search) if arena > 0 else None
-        self._cache = self._store.cache = self._executor.cache = cache
+        self._cache = store.cache = self._executor.cache = cache
         self._check_serving()
 
     config = property(lambda self: self._config, doc="The index's options (:class:`ChunkedConfig`), resolved.")

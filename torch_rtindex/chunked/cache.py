@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from .hot_tier import HOT_MAX_KEYS
 from .store import ALIGN, SEARCH_PARTS, Chunk, ChunkView, align
 
 if TYPE_CHECKING:
@@ -309,4 +310,34 @@ class ChunkCache:
         return kept, off
 
 
-__all__ = ["ALIGN", "Arena", "ChunkCache", "DemandPolicy", "Entry", "LruPolicy"]
+def split_budget(budget: int, largest: int, hot_keys: int | None, hot_key_bytes: int,
+                 search: int) -> tuple[int, int, int]:
+    """``budget`` bytes split between the hot tier, the chunk cache and the search parts kept for in-place reads:
+    (hot tier keys, cache bytes, search-part bytes). ``largest``: the largest chunk's aligned bytes; ``hot_keys``:
+    the tier's requested capacity (None: a sixteenth of the budget, at most HOT_MAX_KEYS, if the rest still holds
+    two chunks); ``hot_key_bytes``: its reservation per key; ``search``: the search parts' bytes wanted (kept
+    only if the rest still holds two chunks). A budget that holds no chunk next to what is asked is a ValueError
+    saying what to change; 0 is no cache."""
+    if budget and largest > budget:
+        raise ValueError(
+            f"gpu_budget={budget} bytes holds no chunk: the largest chunk takes {largest} bytes; "
+            "raise gpu_budget, lower chunk_bytes (a run of equal keys always stays in one chunk), or pass "
+            "gpu_budget=0 to serve from host memory only"
+        )
+    cap = hot_keys
+    if cap is None:  # automatic: a sixteenth of the budget, if the rest still holds two chunks
+        cap = min(HOT_MAX_KEYS, budget // 16 // hot_key_bytes)
+        if budget - cap * hot_key_bytes < 2 * largest:
+            cap = 0
+    elif budget and budget - cap * hot_key_bytes < largest:
+        raise ValueError(
+            f"hot_keys={cap} takes {cap * hot_key_bytes} bytes of gpu_budget={budget}, and the rest holds no "
+            f"chunk (the largest takes {largest} bytes); lower hot_keys or raise gpu_budget"
+        )
+    rest = budget - cap * hot_key_bytes if budget else 0
+    if not rest or rest - search < 2 * largest:
+        search = 0
+    return cap, rest - search, search
+
+
+__all__ = ["ALIGN", "Arena", "ChunkCache", "DemandPolicy", "Entry", "LruPolicy", "split_budget"]
