@@ -1732,61 +1732,6 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)
 
 
-@pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py",
-                                   "lean_miss_probe.py"])
-def test_tier_probes_smoke_on_cpu(probe):
-    """The probes over a given tier run on the CPU at tiny sizes, and every variant's answers equal the library's."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / probe), "--device", "cpu", "--log-keys", "16", "--log-lookups",
-         "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("batch")]
-    assert len(lines) >= 4 and all(" same True " in x for x in lines)
-
-
-def test_miss_bound_probe_smoke_on_cpu():
-    """The floor probe runs on the CPU at tiny sizes, and every way's answers equal the library's."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "miss_bound_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--repeats", "1"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    out = proc.stdout
-    assert "in core median" in out and "1 in 8 misses" in out
-    assert "answers differing from the library's: 0 queues" in out
-
-
-def test_tier_profile_probe_smoke_on_cpu():
-    """The tier profile probe runs on the CPU at tiny sizes: a head of the hottest keys, then the tier, leaves the
-    same misses as the tier alone."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tier_profile_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--heads", "8,10"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    heads = [x for x in proc.stdout.splitlines() if x.startswith("head")]
-    assert len(heads) == 6 and all(x.endswith("(same as the tier alone: True)") for x in heads)
-
-
-def test_sorted_misses_probe_smoke_on_cpu():
-    """The sorted-misses probe runs on the CPU at tiny sizes, and its sorted answers equal those as they come (a CPU
-    index reads nothing in place, so its window rounds take no grouped launch: that path is
-    test_point_queues_answered_in_groups's)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sorted_misses_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--rounds", "1",
-         "--windows", "none,64", "--runs"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(("library", "misses", "chunk", "batch"))]
-    assert len(lines) == 17 and all(x.endswith("same True") for x in lines)
-
-
 def test_readme_section_runs():
     from test_readme_examples import python_blocks
 
