@@ -1315,6 +1315,24 @@ def test_clear_errors(gen):
     assert "ChunkedIndex(keys=505" in repr(index) and index.memory()["chunks"] > 0
 
 
+def test_benchmark_smoke_on_cpu(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "chunked_bench.py"), "--device", "cpu", "--log-keys", "14",
+         "--log-lookups", "10,12", "--zipf", "0.99", "--chunk-mib", "0.0625", "--repeats", "1", "--hot-given",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT, env={**os.environ, "RTINDEX_COMMIT": "testcommit"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "chunked_k14_testcommit.json").read_text())
+    assert result["commit"] == "testcommit" and result["runs"]
+    modes = {r["mode"] for r in result["runs"]}
+    assert {"chunked", "cpu_only", "in_core", "hot_given"} <= modes
+    assert all(r["checked"] for r in result["runs"] if not r.get("skipped"))
+    given = [r for r in result["runs"] if r["mode"] == "hot_given"]
+    # the tier holds what it was given
+    assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)
+
+
 def test_readme_section_runs():
     from test_readme_examples import python_blocks
 
