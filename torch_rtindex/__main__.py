@@ -13,7 +13,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 
 
 def _driver_version() -> str:
@@ -62,13 +61,9 @@ def _index_backends(device) -> list[tuple[str, str]]:
 
 def report() -> list[tuple[str, str]]:
     lines: list[tuple[str, str]] = []
-    t0 = time.perf_counter()
     import torch
-
-    t_torch = time.perf_counter() - t0
     import torch_rtindex
 
-    t_pkg = time.perf_counter() - t0 - t_torch
     from torch_rtindex import _extension
 
     build = _extension.load()
@@ -77,7 +72,6 @@ def report() -> list[tuple[str, str]]:
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("platform", platform.platform()),
         ("torch", f"{torch.__version__} (CUDA {torch.version.cuda}, C++11 ABI {torch._C._GLIBCXX_USE_CXX11_ABI})"),
-        ("import time", f"torch {t_torch:.2f} s, torch_rtindex {t_pkg:.2f} s more"),
         ("extension", f"{build['kind']} {build['backend'].upper()} build, {build['path']}"),
     ]
     if build.get("prebuilt_skipped"):
