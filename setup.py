@@ -93,7 +93,8 @@ def prebuilt_extension():
         name=f"torch_rtindex.{spec.name}",
         sources=[f"csrc/{s}" for s in spec.sources],
         include_dirs=[str(ROOT / "csrc")],
-        extra_compile_args={"cxx": list(spec.cflags), "nvcc": list(spec.cuda_cflags)},
+        # -g0: Python's own CFLAGS carry -g, which would make the wheel's library several times larger.
+        extra_compile_args={"cxx": [*spec.cflags, "-g0"], "nvcc": list(spec.cuda_cflags)},
         extra_link_args=list(spec.ldflags),
     )
 
