@@ -136,7 +136,7 @@ setup(
     python_requires=">=3.10",
     # torch is deliberately unpinned above 2.4: install the build you want (CPU or CUDA) first.
     install_requires=["torch>=2.4", "ninja", "tqdm"],
-    extras_require={"test": ["pytest", "numpy", "embreex", "matplotlib", "duckdb"]},
+    extras_require={"test": ["pytest", "numpy", "embreex", "matplotlib", "duckdb", "setuptools", "wheel"]},
     ext_modules=ext_modules,
     cmdclass={"build_py": BuildPyWithSources, **cmdclass},
 )
