@@ -84,11 +84,10 @@ def test_docs_page_runs(name):
 
 
 def test_guide_links_resolve():
-    """Every relative link of the README and docs/ names a file of the repository (docs/install.md may still be
-    on its way from the install branch)."""
+    """Every relative link of the README and docs/ names a file of the repository."""
     missing = []
     for page in [README, *DOCS.glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
-            if not (page.parent / target).exists() and target.strip() not in ("docs/install.md", "install.md"):
+            if not (page.parent / target).exists():
                 missing.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not missing, missing
