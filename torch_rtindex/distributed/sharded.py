@@ -1384,9 +1384,14 @@ class ShardedIndex:
             local_ins = torch.arange(L, L + rik.numel(), dtype=torch.int64, device=self.device)
             if delete_rows is None:
                 return local_ins, rdk, None, 0
-            # Global -> local row IDs (local -> global is ascending); rows this rank does not hold are absent.
-            at = torch.searchsorted(self._l2g, rdr).clamp(max=max(L - 1, 0))
-            found = (self._l2g[at] == rdr) if L else torch.zeros_like(rdr, dtype=torch.bool)
+            # Global -> local row IDs over the rows held so far and the batch's own inserts (inserts first,
+            # deletes second): the inserts' global rows arrive in source-rank order, each source's ascending, all
+            # above the rows so far, so the extended local -> global map stays ascending. Rows this rank does
+            # not hold are absent.
+            l2g = torch.cat([self._l2g, rir])
+            n = l2g.numel()
+            at = torch.searchsorted(l2g, rdr).clamp(max=max(n - 1, 0))
+            found = (l2g[at] == rdr) if n else torch.zeros_like(rdr, dtype=torch.bool)
             return local_ins, rdk[found].contiguous(), at[found].contiguous(), int((~found).sum())
 
         planned, _ = self._agree("update_apply", plan)
