@@ -15,6 +15,7 @@ any data moves, and the index stays as it was.
 
 from __future__ import annotations
 
+import copy
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from .. import _extension
 from .._grouping import MAX_CUDA_BUCKETS, group_by
-from .._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries, resolve_key_type
+from .._keys import KEY_TYPES, MAX_KEYS, as_key_dtype, check_key_tensor, check_queries, resolve_key_type
 from ..cgrx import CgRXIndex, CgRXSearch
 from ..cgrx_updatable import UpdatableCgRXIndex
 from ..chunked import ChunkedIndex
@@ -58,7 +59,7 @@ _OPS = [
     "build", "build_done", "lookup", "range_lookup", "aggregate", "range_aggregate", "lookup_all", "range",
     "lookup_all_capped", "range_capped", "update", "update_apply", "update_done", "load_state_dict",
     "gathered_state_dict", "lookup_fixed", "range_lookup_fixed", "aggregate_fixed", "range_aggregate_fixed",
-    "range_count",
+    "range_count", "lookup_rows", "lookup_all_capped_fixed", "range_capped_fixed",
 ]
 _OP_CODES = {name: i for i, name in enumerate(_OPS)}
 # Header columns: status, op, key type, key dtype, call number, values dtype, data device type; then
@@ -495,8 +496,14 @@ class ShardedIndex:
         return out
 
     # ----------------------------------------------------------------------------------- query checking
-    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> None:
-        check_queries(lo, hi, dtype=self.key_dtype, device=self.device)
+    def _as_key_dtype(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The dtype policy alone, for the fixed forms without checks (compiling, capturing): no host sync."""
+        conv = lambda t, name: as_key_dtype(t, name, dtype=self.key_dtype, key_type=self.key_type)  # noqa: E731
+        return conv(lo, "queries" if hi is None else "lo"), None if hi is None else conv(hi, "hi")
+
+    def _check_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch checked and converted to the key dtype (lossless conversions only, _keys.check_queries)."""
+        return check_queries(lo, hi, dtype=self.key_dtype, device=self.device, key_type=self.key_type)
 
     def _map_queries(self, lo: torch.Tensor, hi: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if hi is None:
@@ -629,15 +636,22 @@ class ShardedIndex:
         return _VALUE_DTYPES.index(values.dtype), int(cached)
 
     # --------------------------------------------------------------------------------- per-query lookups
-    def _per_query(self, op: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None):
+    def _per_query(self, op: str, lo: torch.Tensor, hi: torch.Tensor | None, values: torch.Tensor | None = None,
+                   *, call: str | None = None, check: Callable[[], None] | None = None):
+        """``call``: the method's name in the call header where it differs from ``op`` (lookup_rows answers
+        through lookup); ``check``: one more local check of the call's arguments."""
         vcode, cached = self._values_header(values)
 
         def validate():
-            self._check_queries(lo, hi)
+            if check is not None:
+                check()
+            batch = self._check_queries(lo, hi)
             if op.endswith("aggregate"):
                 self._check_values(values)
+            return batch
 
-        _, heads = self._agree(op, validate, lambda _: [lo.numel(), cached, self.pipeline], values_code=vcode)
+        (lo, hi), heads = self._agree(call or op, validate, lambda b: [b[0].numel(), cached, self.pipeline],
+                                      values_code=vcode)
         self._disagree(heads, _HEAD + 2, "pipeline", str)
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         local_values = None
@@ -902,6 +916,19 @@ class ShardedIndex:
         number of matches. ``queries``: this rank's 1-D batch (any size, empty too) of the index's key dtype."""
         return self._per_query("lookup", queries, None)
 
+    def lookup_rows(self, queries: torch.Tensor, miss_row: int = -1) -> torch.Tensor:
+        """Point lookups answered by the smallest matching global row ID alone, ``miss_row`` (an int) where a
+        query has no match: ``lookup(queries).first_row`` with the misses replaced (collective; what
+        :class:`~torch_rtindex.IdToRow` maps IDs with)."""
+        def check():
+            if isinstance(miss_row, bool) or not isinstance(miss_row, int):
+                raise TypeError(f"miss_row must be an int, got {type(miss_row).__name__}")
+            if not -(2**63) <= miss_row <= _I64_MAX:
+                raise ValueError(f"miss_row must fit in int64 (the answers' dtype), got {miss_row}")
+
+        first = self._per_query("lookup", queries, None, call="lookup_rows", check=check).first_row
+        return first if miss_row == -1 else torch.where(first < 0, miss_row, first)
+
     def range_lookup(self, lo: torch.Tensor, hi: torch.Tensor) -> Lookup:
         """Range lookups ``[lo[i], hi[i]]`` (inclusive, in the key type's order) as (smallest global row ID or
         -1, match count), collective."""
@@ -924,7 +951,7 @@ class ShardedIndex:
 
     # ---------------------------------------------------------------------------------------- CSR lookups
     def _csr(self, op: str, lo: torch.Tensor, hi: torch.Tensor | None) -> Matches:
-        _, heads = self._agree(op, lambda: self._check_queries(lo, hi), lambda _: [lo.numel()])
+        (lo, hi), heads = self._agree(op, lambda: self._check_queries(lo, hi), lambda b: [b[0].numel()])
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         got, order, send_splits, recv_splits, (query,) = self._send_pieces(op, self._range_route(lo, hi), st)
 
@@ -973,34 +1000,46 @@ class ShardedIndex:
         return self._csr("range", lo, hi)
 
     # ------------------------------------------------------------------------------------- capped lookups
-    def lookup_all_capped(self, queries: torch.Tensor, capacity: int, *, query_capacity: int | None = None):
+    def lookup_all_capped(self, queries: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`lookup_all` into a fixed-size answer (:class:`~torch_rtindex.CappedMatches`: the full
-        offsets, the first ``capacity`` rows, the true total), collective.
+        offsets, the first ``capacity`` rows, the true total), collective. The queries are exchanged with exact
+        sizes (host synchronizations); :meth:`lookup_all_capped_fixed` has none."""
+        return self._capped("lookup_all_capped", queries, None, capacity, None, None)
 
-        With ``query_capacity=None`` the queries are exchanged with exact sizes (host synchronizations); with
-        an int (the same on every rank) they go through the fixed-capacity exchange, no host synchronization,
-        and the result is :class:`Fixed` ``(answer, overflowed)``.
-        """
-        return self._capped("lookup_all_capped", queries, None, capacity, query_capacity)
-
-    def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int, *, query_capacity: int | None = None):
+    def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`range` into a fixed-size answer (see :meth:`lookup_all_capped`), collective."""
-        return self._capped("range_capped", lo, hi, capacity, query_capacity)
+        return self._capped("range_capped", lo, hi, capacity, None, None)
 
-    def _capped(self, op: str, lo, hi, capacity, query_capacity):
+    def lookup_all_capped_fixed(self, queries: torch.Tensor, capacity: int, query_capacity: int, *,
+                                check: bool | None = None) -> Fixed:
+        """:meth:`lookup_all_capped` through the fixed-capacity exchange (see :meth:`lookup_fixed`): no host
+        synchronization; the answer is :class:`Fixed` ``(CappedMatches, overflowed)``."""
+        return self._capped("lookup_all_capped_fixed", queries, None, capacity, query_capacity, check)
+
+    def range_capped_fixed(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int, query_capacity: int, *,
+                           check: bool | None = None) -> Fixed:
+        """:meth:`range_capped` through the fixed-capacity exchange (see :meth:`lookup_fixed`); a range counts
+        one slot at every shard it overlaps."""
+        return self._capped("range_capped_fixed", lo, hi, capacity, query_capacity, check)
+
+    def _capped(self, op: str, lo, hi, capacity, query_capacity, check):
+        fixed = query_capacity is not None
+
         def validate():
-            self._check_queries(lo, hi)
+            batch = self._check_queries(lo, hi)
             self._check_capacity(capacity, "capacity")
-            if query_capacity is not None:
+            if fixed:
                 self._check_capacity(query_capacity, "query_capacity")
+            return batch
 
-        if query_capacity is not None and not self._checks_wanted(None):
+        if fixed and not self._checks_wanted(check):
             self._check_s = 0.0
+            lo, hi = self._as_key_dtype(lo, hi)
             return self._capped_fixed(op, lo, hi, capacity, query_capacity, checked=False)
-        _, heads = self._agree(op, validate, lambda _: [lo.numel(), capacity, -1 if query_capacity is None else query_capacity])
+        (lo, hi), heads = self._agree(op, validate, lambda b: [b[0].numel(), capacity, query_capacity if fixed else -1])
         self._disagree(heads, _HEAD + 1, "capacity", str)
         self._disagree(heads, _HEAD + 2, "query_capacity", str)
-        if query_capacity is not None:
+        if fixed:
             return self._capped_fixed(op, lo, hi, capacity, query_capacity, checked=True)
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         got, order, send_splits, recv_splits, (query, owner) = self._send_pieces(
@@ -1235,12 +1274,14 @@ class ShardedIndex:
             vcode, cached = self._values_header(values)
 
             def validate():
-                self._check_queries(lo, hi)
+                batch = self._check_queries(lo, hi)
                 self._check_capacity(query_capacity, "query_capacity")
                 if values is not None:
                     self._check_values(values)
+                return batch
 
-            _, heads = self._agree(op, validate, lambda _: [lo.numel(), query_capacity, cached], values_code=vcode)
+            (lo, hi), heads = self._agree(op, validate, lambda b: [b[0].numel(), query_capacity, cached],
+                                          values_code=vcode)
             self._disagree(heads, _HEAD + 1, "query_capacity", str)
             if values is not None:
                 self._disagree(heads, 5, "the value dtype", lambda v: str(_VALUE_DTYPES[v]) if v >= 0 else "?")
@@ -1249,6 +1290,7 @@ class ShardedIndex:
             # No check: the value column is routed again (whether every rank has it cached is not known here).
             cached = False
             self._check_s = 0.0
+            lo, hi = self._as_key_dtype(lo, hi)
         st = _Stages(op, self.profile, self.device, self.rank, self._check_s)
         local_values = self._route_values(values, st, cached) if values is not None else None
         qcap = query_capacity
@@ -1327,8 +1369,8 @@ class ShardedIndex:
         return Fixed(out, gover)
 
     # -------------------------------------------------------------------------------------------- updates
-    def update(self, insert_keys: torch.Tensor | None = None, delete_keys: torch.Tensor | None = None,
-               delete_rows: torch.Tensor | None = None) -> UpdateResult:
+    def update(self, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tensor | None = None,
+               delete_keys: torch.Tensor | None = None, delete_rows: torch.Tensor | None = None) -> UpdateResult:
         """One batch of insertions and deletions, collective and all-or-nothing across ranks: each rank's keys
         are routed to their owners, every owner checks its part, the ranks agree, and only then does any rank
         change its local index (insert first, delete second, as :meth:`UpdatableCgRXIndex.update`).
@@ -1337,14 +1379,22 @@ class ShardedIndex:
         ``rows`` to the rank that inserted them). Deletions remove every pair of a key, or with
         ``delete_rows`` (global row IDs; then on every rank) one pair each. ``inserted``, ``deleted`` and
         ``absent`` are totals over all ranks. Needs ``updatable=True``.
+
+        ``insert_rows`` must be None: the global row IDs of inserted keys are numbered by the index, so that
+        every shard's local -> global map stays ascending (pass the keys alone; ``rows`` says what they got).
+        Keys and queries follow the dtype policy of :mod:`torch_rtindex.index` (lossless conversions only).
         """
         def validate():
-            if not hasattr(self._local, "update"):
+            if not self.updatable:
                 raise TypeError("this ShardedIndex was built without updatable=True; its local index takes no updates")
+            if insert_rows is not None:
+                raise NotImplementedError(
+                    "ShardedIndex numbers inserted rows itself (fresh global row IDs after every row so far, rank by "
+                    "rank, returned as UpdateResult.rows): pass insert_rows=None")
             ik = insert_keys if insert_keys is not None else torch.empty(0, dtype=self.key_dtype, device=self.device)
             dk = delete_keys if delete_keys is not None else torch.empty(0, dtype=self.key_dtype, device=self.device)
-            check_key_tensor(ik, "insert_keys", dtype=self.key_dtype, device=self.device)
-            check_key_tensor(dk, "delete_keys", dtype=self.key_dtype, device=self.device)
+            ik = check_key_tensor(ik, "insert_keys", dtype=self.key_dtype, device=self.device, key_type=self.key_type)
+            dk = check_key_tensor(dk, "delete_keys", dtype=self.key_dtype, device=self.device, key_type=self.key_type)
             for t, what in ((ik, "insert_keys"), (dk, "delete_keys")):
                 if t.dtype.is_floating_point and t.numel() and bool(torch.isnan(t).any()):
                     raise ValueError(f"{what} contain NaN, which has no place in a key order")
@@ -1492,9 +1542,10 @@ class ShardedIndex:
             self._local._next_row = next_row  # the undone insertions' row IDs are free again
         self._plan_values()
 
-    def insert(self, keys: torch.Tensor) -> UpdateResult:
-        """Inserts this rank's keys (collective; see :meth:`update`)."""
-        return self.update(insert_keys=keys)
+    def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
+        """Inserts this rank's keys (collective; see :meth:`update`: ``rows`` must be None, the index numbers
+        the inserted rows)."""
+        return self.update(insert_keys=keys, insert_rows=rows)
 
     def delete(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
         """Deletes every pair of each key, or with ``rows`` the pairs (key, global row ID) (collective)."""
@@ -1538,31 +1589,39 @@ class ShardedIndex:
         def validate():
             if dev_err is not None:
                 raise dev_err
-            if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
-                raise ValueError("not a ShardedIndex state of version 1 (from ShardedIndex.state_dict())")
-            self._check_served(dev, "the state's tensors (or device=)")
-            if state["world_size"] != self.world or state["rank"] != self.rank:
-                raise ValueError(
-                    f"this state is rank {state['rank']} of {state['world_size']}, loaded on rank {self.rank} of "
-                    f"{self.world}; load each rank's own state in a group of the same size, or use "
-                    "gathered_state_dict / from_gathered_state to change the number of ranks"
-                )
-            local_cls = _LOCAL_CLASSES.get(state["local_class"])
-            if local_cls is None:
-                raise ValueError(f"unknown local index class {state['local_class']!r}")
-            t = lambda x: x.to(dev)  # noqa: E731
-            local = local_cls.from_state_dict(state["local"], device=dev, **(local_options or {}))
-            l2g = t(state["local_to_global"])
-            spare = _global_rows_in_shard(local, l2g, int(state["num_rows"]))
-            key_dtype = getattr(torch, state["key_dtype"])
-            return local, key_dtype, t(state["splitters"]), l2g, t(state["source"]), \
-                t(state["sequence"]), t(state["contributed_owner"]), spare
+            return self._read_state(state, dev, local_options)
 
         got, heads = self._agree("load_state_dict", validate, lambda g: [int(state["num_rows"])], device=dev,
                                  key_type=state.get("key_type") if isinstance(state, dict) else None)
         self._disagree(heads, 2, "the key type", lambda v: _KEY_TYPE_NAMES.get(v, "?"))
         self._disagree(heads, 6, "the device type", _device_name)
         self._disagree(heads, _HEAD, "the number of rows", str)
+        self._adopt_state(state, got)
+        return self
+
+    def _read_state(self, state: dict[str, Any], dev: torch.device, local_options: dict[str, Any] | None) -> tuple:
+        """This rank's state checked and its local index rebuilt on ``dev`` (nothing collective)."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT or state.get("version") != STATE_VERSION:
+            raise ValueError("not a ShardedIndex state of version 1 (from ShardedIndex.state_dict())")
+        self._check_served(dev, "the state's tensors (or device=)")
+        if state["world_size"] != self.world or state["rank"] != self.rank:
+            raise ValueError(
+                f"this state is rank {state['rank']} of {state['world_size']}, loaded on rank {self.rank} of "
+                f"{self.world}; load each rank's own state in a group of the same size, or use "
+                "gathered_state_dict / from_gathered_state to change the number of ranks"
+            )
+        local_cls = _LOCAL_CLASSES.get(state["local_class"])
+        if local_cls is None:
+            raise ValueError(f"unknown local index class {state['local_class']!r}")
+        t = lambda x: x.to(dev)  # noqa: E731
+        local = local_cls.from_state_dict(state["local"], device=dev, **(local_options or {}))
+        l2g = t(state["local_to_global"])
+        spare = _global_rows_in_shard(local, l2g, int(state["num_rows"]))
+        key_dtype = getattr(torch, state["key_dtype"])
+        return local, key_dtype, t(state["splitters"]), l2g, t(state["source"]), \
+            t(state["sequence"]), t(state["contributed_owner"]), spare
+
+    def _adopt_state(self, state: dict[str, Any], got: tuple) -> None:
         local, self.key_dtype, self._splitters, self._l2g, self._src, self._seq, self._contrib_owner, spare = got
         self._local = local
         self.key_type = state["key_type"]
@@ -1571,7 +1630,32 @@ class ShardedIndex:
         self._num_rows, self._num_keys = int(state["num_rows"]), int(state["num_keys"])
         self._spare_rows = spare
         self._plan_values()
-        return self
+
+    def _restore(self, state: dict[str, Any], group: dist.ProcessGroup | None, device: torch.device | None,
+                 profile: bool) -> None:
+        """Unpickling and deepcopy: this rank's state rebuilt without a collective (each rank reads its own),
+        in ``group`` (unpickled: the default group), on the rank and group size it was saved from."""
+        self._setup(group, None, bool(state.get("updatable", False)), profile)
+        dev = device if device is not None else state["local_to_global"].device
+        self.device = dev
+        self.pipeline = _default_pipeline(dev)
+        self._adopt_state(state, self._read_state(state, dev, None))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (torch.save(index)) and copy.deepcopy carry this rank's state_dict, never the process group
+        # or device structures.
+        return self.state_dict()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._restore(state, None, None, False)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "ShardedIndex":
+        # In this index's group (an unpickled copy takes the default group), with its settings.
+        other = type(self).__new__(type(self))
+        other._restore(copy.deepcopy(self.state_dict(), memo), self.group, self.device, self.profile)
+        other.pipeline, other.sample_size = self.pipeline, self.sample_size
+        other._calls = self._calls  # the ranks copy together or not at all: the copies' calls stay matched
+        return other
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Collective: replaces this index by the one this rank's ``state`` (:meth:`state_dict`) describes, on
@@ -1647,9 +1731,10 @@ class ShardedIndex:
 
     @property
     def splitters(self) -> torch.Tensor:
-        """The world - 1 shard borders as ordered keys (int64 storage of uint64 values): rank r holds the keys
-        whose ordered key lies in [splitters[r - 1], splitters[r])."""
-        return self._splitters ^ _SIGN
+        """The world - 1 shard borders as keys (the index's key dtype): rank r holds the keys ``k`` with
+        ``splitters[r - 1] <= k < splitters[r]`` in the key type's order (rank 0 from the smallest key, the
+        last rank up to the largest)."""
+        return _ops().unmap_keys(self._splitters ^ _SIGN, KEY_TYPES[self.key_type], self.key_dtype)
 
     def local_to_global(self) -> torch.Tensor:
         """Global row ID of each local row ID (ascending)."""
@@ -1659,9 +1744,47 @@ class ShardedIndex:
         """Keys in the whole index (every rank's shard)."""
         return self._num_keys
 
+    @property
     def local_len(self) -> int:
-        """Keys in this rank's shard."""
+        """Keys in this rank's shard (not collective)."""
         return len(self._local)
+
+    @property
+    def capturable(self) -> bool:
+        """Whether the fixed-capacity forms (``*_fixed`` with ``check=False``) can be captured in a CUDA graph:
+        where the local index's lookups can (NCCL's ``all_to_all_single`` can); on the CPU trivially, as for the
+        other classes. The other forms learn their exchange sizes on the host and cannot be captured."""
+        c = getattr(self._local, "capturable", False)
+        return bool(c() if callable(c) else c)
+
+    def memory(self) -> dict[str, int]:
+        """This rank's bytes (not collective): its local index's parts (``local_`` + the local index's names),
+        the local -> global row map and the bookkeeping of contributed rows and value columns."""
+        nbytes = lambda *ts: sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))  # noqa: E731
+        cache = self._values_cache[2] if self._values_cache is not None else None
+        return {
+            **{f"local_{k}": v for k, v in self._local.memory().items()},
+            "local_to_global": nbytes(self._l2g),
+            "bookkeeping": nbytes(self._splitters, self._src, self._seq, self._contrib_owner, *self._value_plan[::2]),
+            "value_cache": nbytes(cache),
+        }
+
+    def to(self, device: torch.device | str | int) -> "ShardedIndex":
+        """Not available: each rank's shard lives on the device its process group serves. To move the index,
+        save :meth:`gathered_state_dict` and load it with :meth:`from_gathered_state` (``device=``) in the
+        group that serves the new device (or :meth:`state_dict` / :meth:`from_state_dict` per rank)."""
+        raise NotImplementedError(
+            "ShardedIndex cannot move between devices in place (its shards live where the process group's backend "
+            "serves); use gathered_state_dict() and ShardedIndex.from_gathered_state(state, device=..., group=...), "
+            "or state_dict() and ShardedIndex.from_state_dict(state, device=...) per rank")
+
+    def cpu(self) -> "ShardedIndex":
+        """Not available (see :meth:`to`)."""
+        return self.to("cpu")
+
+    def cuda(self, device: torch.device | str | int | None = None) -> "ShardedIndex":
+        """Not available (see :meth:`to`)."""
+        return self.to("cuda" if device is None else device)
 
     def stats(self) -> dict[str, Any]:
         """The last collective call on this rank: its per-stage seconds (``partition_s``, ``exchange_s``,
@@ -1670,7 +1793,7 @@ class ShardedIndex:
         return dict(self._last_stats)
 
     def __repr__(self) -> str:
-        return (f"ShardedIndex(rank={self.rank}/{self.world}, keys={self._num_keys}, local_keys={len(self._local)}, "
+        return (f"ShardedIndex(rank={self.rank}/{self.world}, keys={self._num_keys}, local_keys={self.local_len}, "
                 f"key_type={self.key_type}, device={self.device}, local={type(self._local).__name__})")
 
 

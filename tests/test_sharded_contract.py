@@ -1,0 +1,134 @@
+"""ShardedIndex keeps the package's contract (torch_rtindex.index): signatures, result types, the dtype policy,
+lookup_rows, memory, capturable, splitters in key space, device moves refused with the alternative named,
+pickle / deepcopy / torch.save round trips. Two gloo ranks; answers checked against the concatenated keys."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from torch_rtindex import CappedMatches, Index, UpdatableIndex
+
+
+def _all_keys(world: int) -> list[torch.Tensor]:
+    # Negative and positive floats, a duplicate across ranks: the splitters must read as keys.
+    gen = torch.Generator().manual_seed(5)
+    return [torch.randint(-1000, 1000, (40 + 7 * r,), generator=gen).to(torch.float64) / 4 for r in range(world)]
+
+
+def _reference(parts, q):
+    allk = torch.cat(parts)
+    first = [int((allk == v).nonzero()[0]) if bool((allk == v).any()) else -1 for v in q.tolist()]
+    return torch.tensor(first, dtype=torch.int64), torch.tensor([int((allk == v).sum()) for v in q.tolist()])
+
+
+def contract(g) -> None:
+    from torch_rtindex.distributed import Fixed, ShardedIndex, ShardedIndexError
+
+    parts = _all_keys(g.world)
+    idx = ShardedIndex(parts[g.rank], updatable=True, group=g.group, sample_size=16)
+    assert isinstance(idx, Index) and isinstance(idx, UpdatableIndex)
+    q = torch.cat([parts[(g.rank + 1) % g.world][:9], torch.tensor([1e9, -1e9])])
+    first, count = _reference(parts, q)
+
+    # lookup_rows: first rows, misses as miss_row; a bad miss_row on one rank is raised on every rank.
+    assert torch.equal(idx.lookup_rows(q), first)
+    assert torch.equal(idx.lookup_rows(q, miss_row=7), torch.where(first < 0, 7, first))
+    with pytest.raises(ShardedIndexError, match="miss_row"):
+        idx.lookup_rows(q, miss_row="x" if g.rank == 0 else -1)
+
+    # Splitters: keys of the index's dtype; shard r holds the keys k with splitters[r - 1] <= k < splitters[r].
+    sp = idx.splitters
+    assert sp.dtype == torch.float64 and sp.numel() == g.world - 1
+    allk = torch.cat(parts)
+    owner = torch.searchsorted(sp, allk, right=True)
+    sizes: list = [None] * g.world
+    import torch.distributed as dist
+
+    dist.all_gather_object(sizes, idx.local_len, group=g.group)
+    assert sizes == torch.bincount(owner, minlength=g.world).tolist(), (sizes, sp)
+    assert sum(sizes) == len(idx)
+
+    mem = idx.memory()
+    assert mem and all(isinstance(v, int) and v >= 0 for v in mem.values()), mem
+    assert any(k.startswith("local_") for k in mem) and mem["local_to_global"] > 0, mem
+    assert isinstance(idx.capturable, bool)
+    for move in (lambda: idx.to("cpu"), idx.cpu, idx.cuda):
+        with pytest.raises(NotImplementedError, match="gathered_state_dict"):
+            move()
+
+    # One result type per method: the capped forms CappedMatches, their fixed-capacity forms Fixed.
+    capped = idx.lookup_all_capped(q, 16)
+    assert isinstance(capped, CappedMatches) and int(capped.total) == int(count.sum())
+    fx = idx.lookup_all_capped_fixed(q, 16, 32)
+    assert isinstance(fx, Fixed) and isinstance(fx.answer, CappedMatches) and not bool(fx.overflowed)
+    assert torch.equal(fx.answer.rows, capped.rows)
+    rc = idx.range_capped(q, q + 1, 8)
+    rfx = idx.range_capped_fixed(q, q + 1, 8, 32)
+    assert isinstance(rc, CappedMatches) and torch.equal(rfx.answer.rows, rc.rows)
+
+    # The dtype policy: float32 queries on a float64 index converted, on one rank only; int queries refused.
+    r = idx.lookup(q.to(torch.float32) if g.rank == 1 else q)
+    assert torch.equal(r.first_row, first) and torch.equal(r.count, count)
+    with pytest.raises(ShardedIndexError, match="dtype"):
+        idx.lookup(q.to(torch.int64) if g.rank == 0 else q)
+
+    # One update signature: (insert_keys, insert_rows, delete_keys, delete_rows), positionally too.
+    ins = torch.tensor([12345.5 + g.rank])
+    res = idx.update(ins, None, torch.tensor([parts[g.rank][0].item()]))
+    assert res.inserted == g.world and res.rows.numel() == 1
+    with pytest.raises(ShardedIndexError, match="insert_rows"):
+        idx.insert(ins, torch.tensor([10**6]) if g.rank == 0 else None)
+    assert idx.lookup(ins).count.tolist() == [1]
+
+    # Round trips: pickle and torch.save (this rank's state, rebuilt without a collective), deepcopy (in the
+    # same group, independent of the original).
+    after = idx.lookup(q)
+    for name, clone in (("pickle", lambda: pickle.loads(pickle.dumps(idx))), ("deepcopy", lambda: copy.deepcopy(idx)),
+                        ("torch.save", lambda: _saved(idx))):
+        other = clone()
+        got = other.lookup(q)
+        assert torch.equal(got.first_row, after.first_row) and torch.equal(got.count, after.count), name
+        assert len(other) == len(idx) and other.local_len == idx.local_len, name
+    other = copy.deepcopy(idx)
+    other.delete(q)
+    assert torch.equal(idx.lookup(q).count, after.count), "deepcopy shares state with the original"
+    assert int(other.lookup(q).count.sum()) == 0
+
+
+def _saved(idx):
+    buf = io.BytesIO()
+    torch.save(idx, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def int32_updates(g) -> None:
+    """int32 keys to update an int64 index (lossless) on one rank: converted, answered as int64 keys."""
+    from torch_rtindex.distributed import ShardedIndex
+
+    idx = ShardedIndex(torch.arange(g.rank * 10, g.rank * 10 + 10), updatable=True, group=g.group)
+    ins = torch.tensor([100 + g.rank])
+    res = idx.update(insert_keys=ins.to(torch.int32) if g.rank == 0 else ins, delete_keys=torch.tensor([g.rank * 10],
+                     dtype=torch.int32))
+    assert (res.inserted, res.deleted, res.absent) == (g.world, g.world, 0), res
+    assert idx.lookup(torch.tensor([100, 101, 0, 10])).count.tolist() == [1, 1, 0, 0]
+
+
+def _on_ranks(rank: int, world: int, names: list[str]) -> None:
+    import torch.distributed as dist
+
+    g = SimpleNamespace(rank=rank, world=world, group=dist.group.WORLD, device=torch.device("cpu"))
+    for name in names:
+        globals()[name](g)
+
+
+def test_contract_two_ranks():
+    from torch_rtindex.distributed import spawn
+
+    spawn(_on_ranks, 2, ["contract", "int32_updates"], timeout_s=120, join_timeout_s=400)
