@@ -6,6 +6,8 @@ Importing this module imports ``torch.distributed``; ``import torch_rtindex`` al
 """
 
 from .launch import NO_MULTICAST_ENV, free_port, no_multicast_env, spawn
-from .sharded import Fixed, ShardedIndex, ShardedIndexError
+from .sharded import Fixed, PointRouting, ShardedIndex, ShardedIndexError
 
-__all__ = ["ShardedIndex", "ShardedIndexError", "Fixed", "spawn", "free_port", "no_multicast_env", "NO_MULTICAST_ENV"]
+__all__ = [
+    "ShardedIndex", "ShardedIndexError", "Fixed", "PointRouting", "spawn", "free_port", "no_multicast_env", "NO_MULTICAST_ENV",
+]
