@@ -7,10 +7,10 @@ from __future__ import annotations
 import copy
 import io
 import pickle
-from types import SimpleNamespace
 
 import pytest
 import torch
+from dist_harness import run_on_ranks, skip_unless_available
 
 from torch_rtindex import CappedMatches, Index, UpdatableIndex
 
@@ -120,15 +120,16 @@ def int32_updates(g) -> None:
     assert idx.lookup(torch.tensor([100, 101, 0, 10])).count.tolist() == [1, 1, 0, 0]
 
 
-def _on_ranks(rank: int, world: int, names: list[str]) -> None:
-    import torch.distributed as dist
-
-    g = SimpleNamespace(rank=rank, world=world, group=dist.group.WORLD, device=torch.device("cpu"))
-    for name in names:
-        globals()[name](g)
+@skip_unless_available(2)
+def test_contract():
+    run_on_ranks(2, "test_sharded_contract:contract")
 
 
-def test_contract_two_ranks():
-    from torch_rtindex.distributed import spawn
+@skip_unless_available(3)
+def test_contract_three_ranks():
+    run_on_ranks(3, "test_sharded_contract:contract")
 
-    spawn(_on_ranks, 2, ["contract", "int32_updates"], timeout_s=120, join_timeout_s=400)
+
+@skip_unless_available(2)
+def test_lossless_key_dtypes_in_updates():
+    run_on_ranks(2, "test_sharded_contract:int32_updates")

@@ -5,10 +5,10 @@ inserts the pair and whichever deletes it."""
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import pytest
 import torch
+from dist_harness import run_on_ranks, skip_unless_available
 
 from torch_rtindex import ChunkedIndex, UpdatableCgRXIndex
 
@@ -24,11 +24,12 @@ def _factory(kind: str):
 
 
 def same_batch_delete(g, kind: str, inserter: int, deleter: int, by_rows: bool) -> None:
-    """Rank 0 holds keys [10, 20], rank 1 [30]; ``inserter`` inserts 40 (global row 3) and ``deleter`` deletes it
-    in the same batch, by key or by (key, row). The pair is gone afterwards and counted deleted, not absent."""
+    """Rank 0 holds keys [10, 20], rank 1 [30] (others none); ``inserter`` inserts 40 (global row 3) and
+    ``deleter`` deletes it in the same batch, by key or by (key, row). The pair is gone afterwards and counted
+    deleted, not absent."""
     from torch_rtindex.distributed import ShardedIndex
 
-    keys = torch.tensor([10, 20] if g.rank == 0 else [30], dtype=torch.int64)
+    keys = torch.tensor({0: [10, 20], 1: [30]}.get(g.rank, []), dtype=torch.int64)
     idx = ShardedIndex(keys, updatable=True, index_factory=_factory(kind), group=g.group)
     empty = torch.empty(0, dtype=torch.int64)
     ins = torch.tensor([40]) if g.rank == inserter else empty
@@ -54,23 +55,16 @@ def same_batch_delete(g, kind: str, inserter: int, deleter: int, by_rows: bool) 
     assert r.first_row.tolist() == [-1, 4, -1], f"{what}, second batch: first rows {r.first_row.tolist()}"
 
 
-def _on_ranks(rank: int, world: int, cases: list[tuple]) -> None:
-    import torch.distributed as dist
-
-    g = SimpleNamespace(rank=rank, world=world, group=dist.group.WORLD, device=torch.device("cpu"))
-    failures = []
-    for case in cases:
-        try:
-            same_batch_delete(g, *case)
-        except AssertionError as e:
-            failures.append(str(e))
-    if failures:
-        raise AssertionError("\n".join(failures))
+@pytest.mark.parametrize("by_rows", [True, False], ids=["by_row", "by_key"])
+@pytest.mark.parametrize("inserter,deleter", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("kind", LOCAL_KINDS)
+@skip_unless_available(2)
+def test_same_batch_delete(kind, inserter, deleter, by_rows):
+    run_on_ranks(2, "test_sharded_updates:same_batch_delete", kind, inserter, deleter, by_rows)
 
 
 @pytest.mark.parametrize("kind", LOCAL_KINDS)
-def test_same_batch_delete(kind):
-    from torch_rtindex.distributed import spawn
-
-    cases = [(kind, i, d, rows) for i in (0, 1) for d in (0, 1) for rows in (True, False)]
-    spawn(_on_ranks, 2, cases, timeout_s=120, join_timeout_s=400)
+@skip_unless_available(3)
+def test_same_batch_delete_three_ranks(kind):
+    """The last rank inserts, the first deletes by row (the pair's owner is whichever shard holds key 40)."""
+    run_on_ranks(3, "test_sharded_updates:same_batch_delete", kind, 2, 0, True)

@@ -52,9 +52,9 @@ class ShardedIndex:
             :class:`~torch_rtindex.UpdatableCgRXIndex`).
         sample_size: keys per rank sampled to choose the splitters.
         pipeline: split the point lookups of :meth:`lookup` and :meth:`aggregate` into up to this many chunks
-            (each keeps at least ``point_routing.min_chunk_queries`` of the largest rank's batch: small batches stay whole) whose
-            exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no pipelining;
-            the same on every rank). Default: ``DEFAULT_CUDA_PIPELINE`` (4) on CUDA, 1 on the CPU (gloo's
+            (each keeps at least ``point_routing.min_chunk_queries`` of the largest rank's batch: small batches
+            stay whole) whose exchanges run asynchronously, overlapping the local lookups of earlier chunks (1: no
+            pipelining; the same on every rank). Default: ``DEFAULT_CUDA_PIPELINE`` (4) on CUDA, 1 on the CPU (gloo's
             collectives block the caller, so there is nothing to overlap). The attribute may be changed between
             calls, on every rank alike. With NCCL the overlap needs the group's streams at high priority
             (``ProcessGroupNCCL.Options().is_high_priority_stream``): at normal priority NCCL's kernels wait

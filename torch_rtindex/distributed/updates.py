@@ -14,19 +14,8 @@ from .values import plan_values
 
 def update(ix, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tensor | None = None,
            delete_keys: torch.Tensor | None = None, delete_rows: torch.Tensor | None = None) -> UpdateResult:
-    """One batch of insertions and deletions, collective and all-or-nothing across ranks: each rank's keys
-    are routed to their owners, every owner checks its part, the ranks agree, and only then does any rank
-    change its local index (insert first, delete second, as :meth:`UpdatableCgRXIndex.update`).
-
-    Insertions get fresh global row IDs, numbered after every row ID so far, rank by rank (returned as
-    ``rows`` to the rank that inserted them). Deletions remove every pair of a key, or with
-    ``delete_rows`` (global row IDs; then on every rank) one pair each. ``inserted``, ``deleted`` and
-    ``absent`` are totals over all ranks. Needs ``updatable=True``.
-
-    ``insert_rows`` must be None: the global row IDs of inserted keys are numbered by the index, so that
-    every shard's local -> global map stays ascending (pass the keys alone; ``rows`` says what they got).
-    Keys and queries follow the dtype policy of :mod:`torch_rtindex.index` (lossless conversions only).
-    """
+    """:meth:`ShardedIndex.update` (its docstring states the contract): route, plan on the owners, agree,
+    apply, agree again; undo this rank's part if another rank could not apply its own."""
     def validate():
         if not ix.updatable:
             raise TypeError("this ShardedIndex was built without updatable=True; its local index takes no updates")
