@@ -82,8 +82,6 @@ def contract(g) -> None:
     ins = torch.tensor([12345.5 + g.rank])
     res = idx.update(ins, None, torch.tensor([parts[g.rank][0].item()]))
     assert res.inserted == g.world and res.rows.numel() == 1
-    with pytest.raises(ShardedIndexError, match="insert_rows"):
-        idx.insert(ins, torch.tensor([10**6]) if g.rank == 0 else None)
     assert idx.lookup(ins).count.tolist() == [1]
 
     # Round trips: pickle and torch.save (this rank's state, rebuilt without a collective), deepcopy (in the
@@ -99,6 +97,37 @@ def contract(g) -> None:
     other.delete(q)
     assert torch.equal(idx.lookup(q).count, after.count), "deepcopy shares state with the original"
     assert int(other.lookup(q).count.sum()) == 0
+
+
+def insert_rows(g) -> None:
+    """Given global rows: fresh, ascending in rank order, gaps allowed; the next free rows follow the largest.
+    Rows not fresh, not ascending, overlapping another rank's or given on some ranks only: refused everywhere."""
+    from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
+
+    idx = ShardedIndex(torch.arange(g.rank * 10, g.rank * 10 + 10), updatable=True, group=g.group)
+    n = 10 * g.world
+    keys = torch.tensor([1000 + g.rank, 2000 + g.rank])
+    rows = torch.tensor([100 + 10 * g.rank, 105 + 10 * g.rank])
+    res = idx.insert(keys, rows)
+    assert res.rows.tolist() == rows.tolist() and res.inserted == 2 * g.world, res
+    want = [100 + 10 * r for r in range(g.world)]
+    assert idx.lookup(torch.tensor([1000 + r for r in range(g.world)])).first_row.tolist() == want
+    # Positional (insert_keys, insert_rows, delete_keys, delete_rows): a same-batch delete of a given row.
+    last = 105 + 10 * (g.world - 1)
+    res = idx.update(torch.tensor([3000 + g.rank]), torch.tensor([last + 1 + g.rank]),
+                     torch.tensor([3000]) if g.rank == g.world - 1 else torch.empty(0, dtype=torch.int64),
+                     torch.tensor([last + 1]) if g.rank == g.world - 1 else torch.empty(0, dtype=torch.int64))
+    assert (res.inserted, res.deleted, res.absent) == (g.world, 1, 0), res
+    fresh = idx.insert(torch.tensor([4000]))  # the next free rows follow the largest given
+    assert fresh.rows.tolist() == [last + g.world + 1 + g.rank], fresh.rows
+    size = len(idx)
+    for what, bad in (("not fresh", torch.tensor([n - 1])), ("not ascending", torch.tensor([10**6, 10**6 - 1])),
+                      ("overlapping", torch.tensor([10**7])), ("some ranks only", None)):
+        mine = bad if g.rank == 0 or what == "overlapping" else torch.tensor([10**8 + g.rank])
+        k = torch.full((mine.numel(),) if mine is not None else (1,), 5000)
+        with pytest.raises(ShardedIndexError, match="insert_rows"):
+            idx.insert(k, mine)
+        assert len(idx) == size, what
 
 
 def _saved(idx):
@@ -128,6 +157,16 @@ def test_contract():
 @skip_unless_available(3)
 def test_contract_three_ranks():
     run_on_ranks(3, "test_sharded_contract:contract")
+
+
+@skip_unless_available(2)
+def test_insert_rows():
+    run_on_ranks(2, "test_sharded_contract:insert_rows")
+
+
+@skip_unless_available(3)
+def test_insert_rows_three_ranks():
+    run_on_ranks(3, "test_sharded_contract:insert_rows")
 
 
 @skip_unless_available(2)

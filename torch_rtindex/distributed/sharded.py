@@ -282,16 +282,17 @@ class ShardedIndex:
         and counted deleted.
 
         Insertions get fresh global row IDs, numbered after every row ID so far, rank by rank (returned as
-        ``rows`` to the rank that inserted them); ``insert_rows`` must therefore be None. Deletions remove every
-        pair of a key, or with ``delete_rows`` (global row IDs; then on every rank) one pair each.
+        ``rows`` to the rank that inserted them), or ``insert_rows`` (then on every rank): global row IDs not
+        handed out yet, strictly ascending on each rank and across ranks in rank order, so that every shard's
+        local -> global map stays ascending (gaps are fine; the next free row follows the largest). Deletions
+        remove every pair of a key, or with ``delete_rows`` (global row IDs; then on every rank) one pair each.
         ``inserted``, ``deleted`` and ``absent`` are totals over all ranks. Needs ``updatable=True``. Keys
         follow the dtype policy of :mod:`torch_rtindex.index` (lossless conversions only).
         """
         return updates.update(self, insert_keys, insert_rows, delete_keys, delete_rows)
 
     def insert(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:
-        """Inserts this rank's keys (collective; see :meth:`update`: ``rows`` must be None, the index numbers
-        the inserted rows)."""
+        """Inserts this rank's keys (collective; see :meth:`update` for the row IDs ``rows`` may give)."""
         return self.update(insert_keys=keys, insert_rows=rows)
 
     def delete(self, keys: torch.Tensor, rows: torch.Tensor | None = None) -> UpdateResult:

@@ -19,10 +19,6 @@ def update(ix, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tenso
     def validate():
         if not ix.updatable:
             raise TypeError("this ShardedIndex was built without updatable=True; its local index takes no updates")
-        if insert_rows is not None:
-            raise NotImplementedError(
-                "ShardedIndex numbers inserted rows itself (fresh global row IDs after every row so far, rank by "
-                "rank, returned as UpdateResult.rows): pass insert_rows=None")
         ik = insert_keys if insert_keys is not None else torch.empty(0, dtype=ix.key_dtype, device=ix.device)
         dk = delete_keys if delete_keys is not None else torch.empty(0, dtype=ix.key_dtype, device=ix.device)
         ik = check_key_tensor(ik, "insert_keys", dtype=ix.key_dtype, device=ix.device, key_type=ix.key_type)
@@ -35,15 +31,32 @@ def update(ix, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tenso
                 raise ValueError("delete_rows must be a 1-D tensor with one global row ID per delete key")
             if delete_rows.dtype not in (torch.int64, torch.int32) or delete_rows.device != ix.device:
                 raise TypeError(f"delete_rows must be int64 on {ix.device}, got {delete_rows.dtype} on {delete_rows.device}")
-        return ik, dk
+        return ik, dk, _fresh_rows(ix, insert_rows, ik.numel())
 
-    got, heads = header.agree(ix, "update", validate, lambda kk: [kk[0].numel(), kk[1].numel(), int(delete_rows is not None)])
-    header.disagree(heads, header.HEAD + 2, "whether delete_rows is given", lambda v: "given" if v else "not given")
-    ik, dk = got
+    def sizes(got):
+        ik, dk, (ir, lo, hi) = got
+        return [ik.numel(), dk.numel(), int(delete_rows is not None), int(ir is not None), lo, hi]
+
+    (ik, dk, (given_rows, _, _)), heads = header.agree(ix, "update", validate, sizes)
+    shown = lambda v: "given" if v else "not given"  # noqa: E731
+    header.disagree(heads, header.HEAD + 2, "whether delete_rows is given", shown)
+    header.disagree(heads, header.HEAD + 3, "whether insert_rows is given", shown)
     st = stages.Stages("update", ix.profile, ix.device, ix.rank)
     n_ins = [h[header.HEAD] for h in heads]
-    first_row = ix._num_rows + sum(n_ins[: ix.rank])
-    new_rows = torch.arange(first_row, first_row + ik.numel(), dtype=torch.int64, device=ix.device)
+    if given_rows is not None:
+        spans = [(r, h[header.HEAD + 4], h[header.HEAD + 5]) for r, h in enumerate(heads) if h[header.HEAD]]
+        for (a, _, a_hi), (b, b_lo, _) in zip(spans, spans[1:]):
+            if b_lo <= a_hi:
+                raise header.ShardedIndexError(
+                    f"ShardedIndex.update: insert_rows must ascend in rank order (each shard's global rows stay "
+                    f"ascending), but rank {b}'s start at {b_lo}, not after rank {a}'s end at {a_hi}; the index "
+                    "is unchanged")
+        new_rows = given_rows
+        next_row = max([ix._num_rows] + [hi + 1 for _, _, hi in spans])
+    else:
+        first_row = ix._num_rows + sum(n_ins[: ix.rank])
+        new_rows = torch.arange(first_row, first_row + ik.numel(), dtype=torch.int64, device=ix.device)
+        next_row = ix._num_rows + sum(n_ins)
     def route_inserts():
         oi = header.ops().map_keys(ik, KEY_TYPES[ix.key_type])
         owner = routing.route(ix, oi)
@@ -109,7 +122,7 @@ def update(ix, insert_keys: torch.Tensor | None = None, insert_rows: torch.Tenso
                 undo_update(ix, rik, local_ins, doomed, saved)
             except header.ShardedIndexError as undo_err:
                 err = undo_err
-    ix._num_rows += sum(n_ins)  # row IDs handed out are used up either way
+    ix._num_rows = next_row  # row IDs handed out are used up either way
     ix._values_cache = None
 
     def applied():
@@ -175,3 +188,25 @@ def undo_update(ix, ins_keys: torch.Tensor, ins_rows: torch.Tensor, doomed, save
     if next_row is not None:
         ix._local._next_row = next_row  # the undone insertions' row IDs are free again
     plan_values(ix)
+
+
+def _fresh_rows(ix, rows: torch.Tensor | None, n: int) -> tuple[torch.Tensor | None, int, int]:
+    """Given insert rows checked (int64, then its smallest and largest, -1 when empty): global row IDs not handed
+    out yet, strictly ascending, so that every shard's local -> global map stays ascending; the header then
+    checks that they ascend across ranks in rank order. One host synchronization."""
+    if rows is None:
+        return None, -1, -1
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.numel() != n:
+        raise ValueError("insert_rows must be a 1-D tensor with one global row ID per insert key")
+    if rows.dtype not in (torch.int64, torch.int32) or rows.device != ix.device:
+        raise TypeError(f"insert_rows must be int64 on {ix.device}, got {rows.dtype} on {rows.device}")
+    rows = rows.to(torch.int64)
+    if n == 0:
+        return rows, -1, -1
+    lo, hi, ascending = torch.stack([rows.min(), rows.max(), (rows[1:] > rows[:-1]).all().to(torch.int64)]).tolist()
+    if lo < ix._num_rows or not ascending:
+        raise ValueError(
+            f"insert_rows must be fresh global row IDs (from {ix._num_rows} on: no row ID so far), strictly "
+            f"ascending, and ascend across ranks in rank order, got {rows.numel()} rows from {lo} to {hi}"
+            f"{'' if ascending else ', not ascending'}; or pass None for the next free ones")
+    return rows, lo, hi
