@@ -128,7 +128,7 @@ case "${1:-}" in
       # errors it handles itself, hence --report-api-errors no).
       compute-sanitizer --tool memcheck --error-exitcode 3 --target-processes all --report-api-errors no \
         torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bench.py --log-keys 14 \
-        --log-lookups 15 --repeats 1 --out-dir "$(mktemp -d)" 2>&1 \
+        --log-lookups 15 --min-chunk-queries 1 --repeats 1 --out-dir "$(mktemp -d)" 2>&1 \
         | grep -E "ERROR SUMMARY|Error|^weak|^strong"
       torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bench.py --modes weak,strong \
         --pipeline 8 --nccl-high-priority --trace --repeats 3 --out-dir "$out"
