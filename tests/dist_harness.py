@@ -217,6 +217,7 @@ class _Pool:
         return replies
 
     def call(self, target: str, args: tuple, device, timeout: float) -> list[Any]:
+        __tracebackhide__ = True  # pytest shows the ranks' tracebacks, not this frame
         msg = pickle.dumps((target, args, None if device is None else str(device), self._fresh_group))
         self._fresh_group = False
         for c in self.conns:
@@ -283,6 +284,7 @@ def run_on_ranks(world: int, target: str, *args: Any, backend: str = "gloo", tim
     """Calls ``target`` ("module:function") as ``fn(group_info, *args)`` on each of ``world`` ranks and returns
     their results in rank order. ``device`` picks ``group_info.device``: default the CPU under gloo and each
     rank's GPU under NCCL; "cuda" gives each rank its own GPU (rank modulo the GPU count)."""
+    __tracebackhide__ = True
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     ok, why = available(world, backend)
