@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rx_bench (same folder)
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -63,8 +63,6 @@ def parse(argv=None):
                     help="under torchrun: NCCL's streams at high priority, so its kernels get SMs ahead of lookups")
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="under torchrun: NCCL's CTAs per collective at most (fewer SMs taken from the lookups)")
-    ap.add_argument("--min-chunk-queries", type=int, default=None,
-                    help="override sharded.MIN_CHUNK_QUERIES (e.g. 1: small runs exercise the pipelined path too)")
     ap.add_argument("--trace", action="store_true",
                     help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
@@ -368,10 +366,6 @@ def table(rows: list[dict]) -> str:
 def bench(rank: int, world: int, argv: list[str]) -> None:
     a = parse(argv)
     dev = torch.device("cuda", torch.cuda.current_device()) if a.device == "cuda" else torch.device("cpu")
-    if a.min_chunk_queries is not None:
-        from torch_rtindex.distributed import sharded
-
-        sharded.MIN_CHUNK_QUERIES = a.min_chunk_queries
     l2 = 0
     if a.reserve_l2 and dev.type == "cuda":
         from torch_rtindex import reserve_l2

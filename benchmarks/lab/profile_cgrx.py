@@ -3,7 +3,7 @@ uniform 64-bit keys, 2^25 lookups, each lookup run twice (the second is the warm
 
     ncu --clock-control none -k regex:'search_kernel|lookup_kernel' --launch-skip 2 --launch-count 2 \\
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct \\
-        python3 benchmarks/profile_cgrx.py --layout aligned_row
+        python3 benchmarks/lab/profile_cgrx.py --layout aligned_row
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # the package from this checkout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: rx_bench, _common
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 from baselines.hash_table import HashTable  # noqa: E402
 from rx_bench import make_keys  # noqa: E402  (same folder)
 

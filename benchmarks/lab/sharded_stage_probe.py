@@ -2,7 +2,7 @@
 held, 2^27 queries sent and answered): where a two-GPU call's time goes apart from NVLink, and what each stage
 costs against its memory floor. No NCCL: what the stages do between the exchanges.
 
-    python benchmarks/sharded_stage_probe.py [--log-keys 26] [--log-lookups 27]
+    python benchmarks/lab/sharded_stage_probe.py [--log-keys 26] [--log-lookups 27]
 
 Rows: the local CgRXIndex lookup; the same with the local row IDs made global (pack_answers over a monotone
 int64 map, as ShardedIndex keeps one); partition_queries for 2 owners (1 and 4 chunks); scatter_answers_into of
@@ -17,7 +17,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rx_bench (same folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: rx_bench, _common
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 import torch  # noqa: E402
 

@@ -1,7 +1,7 @@
 """A lower bound for the sharded point lookup's weak scaling: every piece of device work a rank must do, with
 no dependencies between them, all at once. Run under torchrun, one rank per GPU:
 
-    torchrun --nproc-per-node=2 benchmarks/sharded_bound_probe.py [--log-keys 26] [--log-lookups 27]
+    torchrun --nproc-per-node=2 benchmarks/lab/sharded_bound_probe.py [--log-keys 26] [--log-lookups 27]
 
 Per rank (weak sizes: 2^26 keys held, 2^27 queries asked and 2^27 answered, uniform over all ranks' keys):
   lookup     the rank's share of lookups, 2^27 queries all in its shard (CgRXIndex, radix), the same number a
@@ -27,7 +27,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rx_bench (same folder)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: rx_bench, _common
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
