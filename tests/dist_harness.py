@@ -39,7 +39,7 @@ NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
 START_TIMEOUT_S = 240.0
 # After one rank raised, the others get this long to answer before the pool is taken for wedged (they may be
 # waiting in a collective the failed rank never entered).
-GRACE_AFTER_FAILURE_S = 10.0
+GRACE_AFTER_FAILURE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -125,6 +125,8 @@ def _worker(rank: int, world: int, backend: str, init_file: str, sys_path: list[
                     # The calls run in a group of their own, not WORLD: after a failed call (ranks that made
                     # different collectives) a new one starts clean, made through the store, not the old group.
                     if group is not None:
+                        # Collective handles nobody waited on (an error path) go before their group does.
+                        gc.collect()
                         dist.destroy_process_group(group)
                         group = None
                     group = dist.new_group(list(range(world)), backend=backend)
@@ -140,7 +142,6 @@ def _worker(rank: int, world: int, backend: str, init_file: str, sys_path: list[
                 reply = pickle.dumps(("ok", value))
             except BaseException:  # noqa: BLE001
                 reply = pickle.dumps(("error", traceback.format_exc()))
-            gc.collect()
             conn.send_bytes(reply)
     finally:
         # Collective handles nobody waited on (an error path) go before the groups do.
@@ -217,6 +218,7 @@ class _Pool:
         return replies
 
     def call(self, target: str, args: tuple, device, timeout: float) -> list[Any]:
+        __tracebackhide__ = True  # pytest shows the ranks' tracebacks, not this frame
         msg = pickle.dumps((target, args, None if device is None else str(device), self._fresh_group))
         self._fresh_group = False
         for c in self.conns:
@@ -283,6 +285,7 @@ def run_on_ranks(world: int, target: str, *args: Any, backend: str = "gloo", tim
     """Calls ``target`` ("module:function") as ``fn(group_info, *args)`` on each of ``world`` ranks and returns
     their results in rank order. ``device`` picks ``group_info.device``: default the CPU under gloo and each
     rank's GPU under NCCL; "cuda" gives each rank its own GPU (rank modulo the GPU count)."""
+    __tracebackhide__ = True
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
     ok, why = available(world, backend)
