@@ -20,6 +20,7 @@ from ._keys import MAX_KEYS
 from ._base import format_bytes
 from ._config import cgrx_config
 from .cgrx import CGRX_SCENE, CgRXSearch, _ops
+from .index import Backend, KeyType
 from ._base import query_sort_bits
 from .results import UpdateResult
 from .scene import SceneConfig
@@ -154,9 +155,9 @@ class UpdatableCgRXIndex(CgRXSearch):
         self,
         keys: torch.Tensor,
         *,
-        key_type: str | None = None,
+        key_type: KeyType | None = None,
         node_size: int = 32,
-        backend: str = "auto",
+        backend: Backend = "auto",
         scene: SceneConfig | None = None,
         growth: float = 1.25,
         max_node_reads: float | None = DEFAULT_MAX_NODE_READS,
@@ -296,7 +297,10 @@ class UpdatableCgRXIndex(CgRXSearch):
             growth=state["growth"],
         )
         index._build(keys.contiguous(), rows.to(torch.int64), mapped=bool(state["keys_ordered"]))
-        index._next_row = max(int(state["next_row"]), index._next_row)
+        next_row = state["next_row"]
+        if isinstance(next_row, bool) or not isinstance(next_row, int) or not 0 <= next_row <= MAX_KEYS:
+            raise ValueError(f"the state's next_row must be a row ID in 0 .. 2^32 - 1, got {next_row!r}")
+        index._next_row = max(next_row, index._next_row)
         return index
 
     # ---------------------------------------------------------------------------------------------- updates
