@@ -46,18 +46,29 @@ def _raise_on_misses(rows: torch.Tensor, ids: torch.Tensor) -> None:
         )
 
 
-# miss="error" inside a compiled graph: an operator, so that torch.compile(fullgraph=True) keeps the check in the
-# graph (a Python branch on the answer's values would break it) and it raises MissingIdError when the graph runs.
-# It returns the rows (a copy: an operator's output may not alias its input) so that the check is never dropped.
-@torch.library.custom_op("rtindex_embedding::raise_on_misses", mutates_args=())
-def _raise_on_misses_op(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    _raise_on_misses(rows, ids)
-    return rows.clone()
+_miss_op_defined = False
 
 
-@_raise_on_misses_op.register_fake
-def _(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(rows)
+def _define_miss_op() -> None:
+    """``torch.ops.rtindex_embedding.raise_on_misses``: miss="error" inside a compiled graph. An operator, so
+    that torch.compile(fullgraph=True) keeps the check in the graph (a Python branch on the answer's values would
+    break it) and it raises MissingIdError when the graph runs; it returns the rows (a copy: an operator's output
+    may not alias its input), so that the check is never dropped. Defined when a module first takes
+    miss="error", eagerly, rather than at import (defining an operator costs every import a noticeable time)."""
+    global _miss_op_defined
+    if _miss_op_defined:
+        return
+
+    @torch.library.custom_op("rtindex_embedding::raise_on_misses", mutates_args=())
+    def raise_on_misses(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        _raise_on_misses(rows, ids)
+        return rows.clone()
+
+    @raise_on_misses.register_fake
+    def _(rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(rows)
+
+    _miss_op_defined = True
 
 
 def _index_class(kind: str):
@@ -120,7 +131,7 @@ class IdToRow(torch.nn.Module):
     def __init__(self, ids: torch.Tensor | None = None, *, miss: MissPolicy = "default", default_row: int = 0,
                  index: IndexKind | Index = "cgrx", index_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        self.miss = check_option(miss, "miss", MissPolicy)
+        self.miss = miss
         if isinstance(default_row, bool) or not isinstance(default_row, int) or default_row < 0:
             raise ValueError(f"default_row must be a row of the table (an int >= 0), got {default_row!r}; "
                              "use miss='minus_one' for -1")
@@ -142,6 +153,17 @@ class IdToRow(torch.nn.Module):
         self.index_kind, self.index_options = None, {}
         self._index = self._check_index(index)
         self._check_default_row(len(index))
+
+    @property
+    def miss(self) -> MissPolicy:
+        """The miss policy; it may be changed between calls."""
+        return self._miss
+
+    @miss.setter
+    def miss(self, value: MissPolicy) -> None:
+        self._miss = check_option(value, "miss", MissPolicy)
+        if value == "error":
+            _define_miss_op()
 
     # ------------------------------------------------------------------------------------------ checks
     @staticmethod
@@ -233,7 +255,7 @@ class IdToRow(torch.nn.Module):
         rows = index.lookup_rows(flat, self.default_row if self.miss == "default" else -1)
         if self.miss == "error":
             if torch.compiler.is_compiling():
-                rows = _raise_on_misses_op(rows, flat)
+                rows = torch.ops.rtindex_embedding.raise_on_misses(rows, flat)
             else:
                 _raise_on_misses(rows, flat)
         return rows if rows.shape == ids.shape else rows.view(ids.shape)
@@ -264,13 +286,18 @@ class IdToRow(torch.nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        miss = state.pop("_miss", state.pop("miss", None))  # "miss": saved before it was a property
         super().__setstate__(state)
+        try:
+            self.miss = miss
+        except ValueError:
+            raise ValueError(f"not an IdToRow state: miss={miss!r}") from None
         # torch.load(weights_only=True) may build this from any file (torch_rtindex/_serialization.py): the
         # constructor's checks again before the index is built.
         kind, miss, row = (getattr(self, k, None) for k in ("index_kind", "miss", "default_row"))
         options = self.__dict__.setdefault("index_options", {})  # absent from states saved before it existed
-        if (kind not in (None, *get_args(IndexKind)) or miss not in get_args(MissPolicy) or type(row) is not int
-                or row < 0 or not isinstance(options, dict)):
+        if kind not in (None, *get_args(IndexKind)) or type(row) is not int or row < 0 or not isinstance(options, dict):
             raise ValueError(f"not an IdToRow state: index={kind!r}, miss={miss!r}, default_row={row!r}")
         if kind is None:
             self._check_index(getattr(self, "_index", None))
@@ -286,7 +313,8 @@ class IdToRow(torch.nn.Module):
         elif self._index is not None:
             # Where fn sends a tensor of the index's device (.to, .cuda, .cpu): the index goes there too.
             target = fn(torch.empty(0, dtype=torch.int64, device=self._index.device)).device
-            self._index = self._index.to(target)
+            if target != self._index.device:
+                self._index = self._index.to(target)
         return self
 
     def _load_from_state_dict(
