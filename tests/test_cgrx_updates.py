@@ -250,3 +250,15 @@ def test_row_ids_past_32_bits_are_refused(device):
         with pytest.raises(ValueError, match="next_row"):
             UpdatableCgRXIndex.from_state_dict({**state, "next_row": bad})
     assert UpdatableCgRXIndex.from_state_dict(state).insert(torch.tensor([1], device=device)).rows.tolist() == [3]
+
+
+def test_settings_are_checked_where_they_are_changed(device):
+    index = UpdatableCgRXIndex(torch.tensor([5, 7], device=device), node_size=4)
+    for name, bad, error in (("growth", 0.5, ValueError), ("growth", "x", TypeError),
+                             ("max_node_reads", 0.9, ValueError), ("max_node_reads", float("nan"), ValueError)):
+        with pytest.raises(error, match=name):
+            setattr(index, name, bad)
+    index.growth, index.max_node_reads = 2.0, None
+    assert (index.growth, index.max_node_reads) == (2.0, None)
+    index.insert(torch.arange(100, device=device))
+    assert len(index) == 102 and index.stats()["auto_rebuilds"] == 0

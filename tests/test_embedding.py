@@ -322,3 +322,18 @@ def test_over_a_sharded_index():
                                           expected_rows(ids, raw.to(torch.int32).to(torch.int64), 3))
     finally:
         dist.destroy_process_group()
+
+
+def test_settings_are_checked_where_they_are_changed():
+    m = IdToRow(torch.tensor([10, 20, 30]), miss="minus_one", default_row=9)  # default_row unused: not checked
+    with pytest.raises(ValueError, match="default_row=9 is no row of a table of 3 IDs"):
+        m.miss = "default"
+    with pytest.raises(ValueError, match="miss must be one of"):
+        m.miss = "skip"
+    m.default_row = 3
+    m.miss = "default"
+    with pytest.raises(ValueError, match="default_row=4 is no row"):
+        m.default_row = 4
+    with pytest.raises(ValueError, match="an int >= 0"):
+        m.default_row = -1
+    assert (m.miss, m.default_row) == ("default", 3) and m(torch.tensor([20, 99])).tolist() == [1, 3]

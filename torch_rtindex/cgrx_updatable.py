@@ -165,8 +165,8 @@ class UpdatableCgRXIndex(CgRXSearch):
         if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
             raise ValueError(f"node_size must be an even integer in 2 .. 4096, got {node_size!r}")
         self.node_size = node_size
-        self.growth = _check_growth(growth)
-        self.max_node_reads = _check_max_node_reads(max_node_reads)
+        self.growth = growth
+        self.max_node_reads = max_node_reads
         self.auto_rebuilds = 0
         self._node_reads = 1.0
         self._init_search(keys, key_type, backend, scene)
@@ -177,6 +177,24 @@ class UpdatableCgRXIndex(CgRXSearch):
         self.layout = "nodes"
         self.representation = "naive"
         self._build(keys)
+
+    @property
+    def growth(self) -> float:
+        """Spare node capacity reserved beyond what a build or update needs (a factor in 1 .. MAX_GROWTH)."""
+        return self._growth
+
+    @growth.setter
+    def growth(self, value: float) -> None:
+        self._growth = _check_growth(value)
+
+    @property
+    def max_node_reads(self) -> float | None:
+        """The rebuild policy's bound (see the class doc); None: never rebuild. May be changed between updates."""
+        return self._max_node_reads
+
+    @max_node_reads.setter
+    def max_node_reads(self, value: float | None) -> None:
+        self._max_node_reads = _check_max_node_reads(value)
 
     # ------------------------------------------------------------------------------------------------ build
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:

@@ -132,11 +132,8 @@ class IdToRow(torch.nn.Module):
                  index: IndexKind | Index = "cgrx", index_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
         self.miss = miss
-        if isinstance(default_row, bool) or not isinstance(default_row, int) or default_row < 0:
-            raise ValueError(f"default_row must be a row of the table (an int >= 0), got {default_row!r}; "
-                             "use miss='minus_one' for -1")
-        self.default_row = default_row
         self._index: Index | None = None
+        self.default_row = default_row
         self._indexed: tuple[torch.Tensor, int | None] | None = None
         if isinstance(index, str):
             self.index_kind = check_option(index, "index", IndexKind)
@@ -161,9 +158,27 @@ class IdToRow(torch.nn.Module):
 
     @miss.setter
     def miss(self, value: MissPolicy) -> None:
-        self._miss = check_option(value, "miss", MissPolicy)
+        check_option(value, "miss", MissPolicy)
+        if value == "default" and self.__dict__.get("_index") is not None:
+            self._check_default_row(len(self._index), value)
+        self._miss = value
         if value == "error":
             _define_miss_op()
+
+    @property
+    def default_row(self) -> int:
+        """The row misses map to with miss="default"; it may be changed between calls (checked as at
+        construction)."""
+        return self._default_row
+
+    @default_row.setter
+    def default_row(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"default_row must be a row of the table (an int >= 0), got {value!r}; "
+                             "use miss='minus_one' for -1")
+        if self.__dict__.get("_index") is not None:
+            self._check_default_row(len(self._index), default_row=value)
+        self._default_row = value
 
     # ------------------------------------------------------------------------------------------ checks
     @staticmethod
@@ -188,11 +203,14 @@ class IdToRow(torch.nn.Module):
                              f"int64, int32 or uint64 IDs")
         return index
 
-    def _check_default_row(self, num_ids: int) -> None:
-        """default_row names a row of the table: one of its ``num_ids`` rows, or the row appended after them."""
-        if self.miss == "default" and self.default_row > num_ids:
+    def _check_default_row(self, num_ids: int, miss: str | None = None, default_row: int | None = None) -> None:
+        """default_row names a row of the table: one of its ``num_ids`` rows, or the row appended after them.
+        ``miss`` / ``default_row``: values about to be set, if not the current ones."""
+        miss = self.miss if miss is None else miss
+        row = self.default_row if default_row is None else default_row
+        if miss == "default" and row > num_ids:
             raise ValueError(
-                f"default_row={self.default_row} is no row of a table of {num_ids} IDs: pass a row in 0 .. {num_ids} "
+                f"default_row={row} is no row of a table of {num_ids} IDs: pass a row in 0 .. {num_ids} "
                 f"({num_ids}: a row appended for unknown IDs), or miss='minus_one' to mask misses yourself"
             )
 
@@ -237,9 +255,9 @@ class IdToRow(torch.nn.Module):
             # An eager plain batch (1-D, contiguous, the IDs' dtype and device): the index's bound call, which
             # hands anything else back as None (csrc/bound_lookups.cpp).
             bound = getattr(self._index, "_bound", None)
-            miss = self.miss
+            miss = self._miss  # the properties' values, without their calls
             if bound is not None and miss != "error" and type(ids) is torch.Tensor and self._index_is_current():
-                rows = bound.lookup_rows(ids, self.default_row if miss == "default" else -1)
+                rows = bound.lookup_rows(ids, self._default_row if miss == "default" else -1)
                 if rows is not None:
                     return rows
             if not isinstance(ids, torch.Tensor):
@@ -286,21 +304,24 @@ class IdToRow(torch.nn.Module):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        # torch.load(weights_only=True) may build this from any file (torch_rtindex/_serialization.py): the
+        # constructor's checks again before the index is built. ("miss" and "default_row": states saved before
+        # they were properties.)
         state = dict(state)
-        miss = state.pop("_miss", state.pop("miss", None))  # "miss": saved before it was a property
+        miss = state.pop("_miss", state.pop("miss", None))
+        row = state.pop("_default_row", state.pop("default_row", None))
+        kind, options = state.get("index_kind"), state.setdefault("index_options", {})
+        built = state.get("_index") if kind is None else None
+        state["_index"] = None  # until the settings are checked
         super().__setstate__(state)
         try:
-            self.miss = miss
+            if kind not in (None, *get_args(IndexKind)) or not isinstance(options, dict):
+                raise ValueError("unknown index")
+            self.miss, self.default_row = miss, row
         except ValueError:
-            raise ValueError(f"not an IdToRow state: miss={miss!r}") from None
-        # torch.load(weights_only=True) may build this from any file (torch_rtindex/_serialization.py): the
-        # constructor's checks again before the index is built.
-        kind, miss, row = (getattr(self, k, None) for k in ("index_kind", "miss", "default_row"))
-        options = self.__dict__.setdefault("index_options", {})  # absent from states saved before it existed
-        if kind not in (None, *get_args(IndexKind)) or type(row) is not int or row < 0 or not isinstance(options, dict):
-            raise ValueError(f"not an IdToRow state: index={kind!r}, miss={miss!r}, default_row={row!r}")
+            raise ValueError(f"not an IdToRow state: index={kind!r}, miss={miss!r}, default_row={row!r}") from None
         if kind is None:
-            self._check_index(getattr(self, "_index", None))
+            self._index = self._check_index(built)
             self._check_default_row(len(self._index))
             return
         self._check_ids(getattr(self, "ids", None))
