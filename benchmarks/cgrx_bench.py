@@ -29,16 +29,19 @@ def main() -> None:
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
     ap.add_argument("--reserve-l2", action="store_true",
-                    help="measure the cgRX runs with the device's L2 set-aside for their radix tables (torch_rtindex.reserve_l2)")
+                    help="also measure each radix run's point lookups with its radix table in L2 set aside, as the README "
+                    "recommends: torch_rtindex.reserve_l2 sized to index.memory()['radix_table'], given back after the run")
     ap.add_argument("--layout", default="auto", help="layout of the main runs (every backend and bucket size; auto: "
                     "what the index picks for the backend)")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")
-    ap.add_argument("--range-hits", default="4,64", help="hits per range lookup (ranges over dense keys)")
+    ap.add_argument("--range-hits", default="4,64", help="hits per range lookup (ranges over dense keys); '' for none")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per measurement (the median is reported)")
+    ap.add_argument("--out", default=None, help="folder for the JSON (default: benchmarks/results/<device>/)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script")
     args = ap.parse_args()
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
-    timed = lambda fn: timed_on(fn, device=dev)  # noqa: E731
+    timed = lambda fn: timed_on(fn, repeats=args.repeats, device=dev)  # noqa: E731
     gen = torch.Generator(device=dev).manual_seed(42)
     n, q, qr = 1 << args.log_keys, 1 << args.log_lookups, 1 << args.log_range_lookups
     info = torch_rtindex.optix_info() if cuda else {"abi": None, "has_rt_cores": None}
@@ -57,7 +60,7 @@ def main() -> None:
 
     sa_ms, sa_rows = timed(sa_lookup)
     # ranges of h hits on dense keys: [k, k + h - 1] (fewer hits at the top end)
-    hits = [int(h) for h in args.range_hits.split(",")]
+    hits = [int(h) for h in args.range_hits.split(",") if h]
     dense = make_keys("dense", n, gen, dev)
     lo = dense[torch.randint(0, n, (qr,), generator=gen, device=dev)]
     his = {h: lo + (h - 1) for h in hits}
@@ -83,9 +86,6 @@ def main() -> None:
         result["hash_table"] = {"build_ms": ht_build_ms, "bytes": ht.nbytes(), "lookup_ms": ht_ms}
         del ht
 
-    if args.reserve_l2 and cuda:
-        result["l2_reserved_bytes"] = torch_rtindex.reserve_l2()
-        print(f"L2 set aside for the radix tables: {result['l2_reserved_bytes'] / 2**20:.1f} MiB")
     configs = [(backend, b, args.layout, "binary") for backend in args.backends.split(",")
                for b in [int(x) for x in args.bucket_sizes.split(",")]]
     configs += [("radix", 16, *v.split("/")) for v in args.variants.split(",") if v]
@@ -96,10 +96,12 @@ def main() -> None:
 
         index, build_ms, peak = build_timed(lambda: make(keys), dev)
         mem = index.memory()
-        dindex = make(dense)
+        dindex = make(dense) if hits else None
         point, ranges, counts = {}, {False: {}, True: {}}, {}
         for sort in (False, True):  # queries as given, and sorted inside the lookup (counted)
-            index.sort_queries = dindex.sort_queries = sort
+            index.sort_queries = sort
+            if dindex is not None:
+                dindex.sort_queries = sort
             point[sort], res = timed(lambda: index.lookup(queries))
             wrong = int((res.first_row != sa_rows).sum())
             assert wrong == 0, f"cgRX {backend} B={b} (sort_queries={sort}): {wrong} wrong answers"
@@ -112,12 +114,27 @@ def main() -> None:
         total = sum(mem.values())
         label = f"cgRX {backend} {index.layout}" + ("" if search == "binary" else f"/{search}")
         rows.append((label, b, build_ms, total / 1e9, point[False], ranges[False], point[True], ranges[True], counts))
+        reserved = {}
+        if args.reserve_l2 and cuda and backend == "radix":
+            # The README's recommendation: a set-aside sized to the index's table, for the lookups only.
+            index.sort_queries = False
+            granted = torch_rtindex.reserve_l2(mem["radix_table"])
+            try:
+                reserved["lookup_ms"], res = timed(lambda: index.lookup(queries))
+            finally:
+                torch_rtindex.reserve_l2(0)
+            wrong = int((res.first_row != sa_rows).sum())
+            assert wrong == 0, f"cgRX {backend} B={b} with L2 set aside: {wrong} wrong answers"
+            reserved["granted_bytes"] = granted
+            rows.append((f"  table in L2 set-aside ({granted / 2**20:.1f} MiB)", b, nan, total / 1e9,
+                         reserved["lookup_ms"], {h: nan for h in hits}, nan, {h: nan for h in hits}))
         result["runs"].append({"backend": backend, "bucket_size": b, "layout": index.layout, "bucket_search": search,
                                "build_ms": build_ms, "build_peak_gb": peak, "memory": mem,
                                "lookup_ms": point[False], "lookup_query_sort_ms": point[True],
                                **{f"range{h}_ms": ranges[False][h] for h in hits},
                                **{f"range{h}_query_sort_ms": ranges[True][h] for h in hits},
-                               **{f"range{h}_count_ms": counts[h] for h in hits}})
+                               **{f"range{h}_count_ms": counts[h] for h in hits},
+                               **({"l2_reserved": reserved} if reserved else {})})
         index = dindex = res = rres = None  # the closures above hold the name: released, not deleted
         if cuda:
             torch.cuda.empty_cache()
@@ -138,7 +155,7 @@ def main() -> None:
         print(line + "".join(f" {cms[h]:9.2f} {sar_ms[h] / cms[h]:5.2f}x" if h in cms else f" {'-':>9s} {'':6s}"
                              for h in hits))
     if cuda:
-        write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}")
+        write_json(result, f"cgrx_{args.dist}_k{args.log_keys}_q{args.log_lookups}_{result['commit']}", args.out)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ struct Pairs {
 #if defined(__CUDACC__)
   // Pairs [begin, begin + 4) of aligned rows (one 64-byte line where the pairs are 16-byte aligned): keys and
   // row IDs read together, 16 bytes a load, so a point lookup on the GPU answers from registers (visit_matches).
+  // Read once and not again: evict-first in L2 (load_streamed_quad).
   struct Line {
     uint64_t key[4];
     uint32_t row[4];
@@ -70,9 +71,9 @@ struct Pairs {
     Line l;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const uint4 v = reinterpret_cast<const uint4*>(data)[begin + t];
-      l.key[t] = uint64_t(v.x) | (uint64_t(v.y) << 32);
-      l.row[t] = spare_rows ? v.w : v.z;
+      const Quad v = load_streamed_quad(data + 4 * (begin + t));
+      l.key[t] = uint64_t(v.word[0]) | (uint64_t(v.word[1]) << 32);
+      l.row[t] = spare_rows ? v.word[3] : v.word[2];
     }
     return l;
   }

@@ -1,18 +1,19 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
 // (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
-// units' words) is read evict-last in L2, so that a batch of random reads of the pairs does not push it out
-// (without hints most of its reads missed L2). The pairs keep the default: evict-first there, in L1 and L2
-// (ld.global.cs) or in L2 alone (createpolicy evict_first), made the lookups slower and read more device
-// memory, and so did reading the line found by the radix table whole, at once, evict-first in L2 (the
-// measurements: benchmarks/results/README.md).
+// units' words) is read evict-last in L2 (load_resident). The line of pairs a point lookup reads whole, once
+// (load_streamed_quad), is read evict-first in L2: a batch of random lookups streams a line per query through
+// L2, and those lines, not the table, should be the first to go. (Evict-first lost while a bisection reread
+// the same line, which then missed: benchmarks/results/README.md.) Reads of pairs that a search may repeat keep
+// the default.
 //
-// OptiX programs get plain loads: OptiX's compiler rejects these PTX forms (an internal assertion at module
+// The PTX forms (createpolicy, ld.global.L2::cache_hint) exist from sm_80 on; older GPUs get plain loads.
+// OptiX programs get plain loads too: OptiX's compiler rejects these PTX forms (an internal assertion at module
 // creation), and a ray costs far more than the bytes there. They are compiled with RTINDEX_OPTIX_PROGRAMS.
 #pragma once
 
 #include "keys.h"
 
-#if defined(__CUDA_ARCH__) && !defined(RTINDEX_OPTIX_PROGRAMS)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(RTINDEX_OPTIX_PROGRAMS)
 #define RTINDEX_CACHE_HINTS 1
 #endif
 
@@ -36,14 +37,26 @@ RTX_HD void store_once(T* p, T v) {
 #endif
 }
 
+#if defined(RTINDEX_CACHE_HINTS)
+// L2 access policies (a 64-bit descriptor a load names). Pure asm without inputs: the compiler may reuse one.
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+#endif
+
 // Read-only loads kept in L2 with evict-last priority (through the read-only path: never written meanwhile).
 RTX_HD uint32_t load_resident(const uint32_t* p) {
 #if defined(RTINDEX_CACHE_HINTS)
   uint32_t v;
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-      "ld.global.nc.L2::cache_hint.u32 %0, [%1], policy;\n\t}"
-      : "=r"(v)
-      : "l"(p));
+  asm("ld.global.nc.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(l2_evict_last()));
   return v;
 #else
   return *p;
@@ -54,28 +67,39 @@ RTX_HD uint32_t load_resident(const uint32_t* p) {
 RTX_HD uint8_t load_resident(const uint8_t* p) {
 #if defined(RTINDEX_CACHE_HINTS)
   uint32_t v;
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-      "ld.global.nc.L2::cache_hint.u8 %0, [%1], policy;\n\t}"
-      : "=r"(v)
-      : "l"(p));
+  asm("ld.global.nc.L2::cache_hint.u8 %0, [%1], %2;" : "=r"(v) : "l"(p), "l"(l2_evict_last()));
   return static_cast<uint8_t>(v);
 #else
   return *p;
 #endif
 }
 
-// 16 bytes from a 16-byte aligned address, kept like load_resident.
+// 16 bytes from a 16-byte aligned address.
 struct Quad {
   uint32_t word[4];
 };
 
+// 16 bytes kept like load_resident.
 RTX_HD Quad load_resident_quad(const uint32_t* p) {
   Quad q;
 #if defined(RTINDEX_CACHE_HINTS)
-  asm("{\n\t.reg .b64 policy;\n\tcreatepolicy.fractional.L2::evict_last.b64 policy, 1.0;\n\t"
-      "ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], policy;\n\t}"
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(q.word[0]), "=r"(q.word[1]), "=r"(q.word[2]), "=r"(q.word[3])
-      : "l"(p));
+      : "l"(p), "l"(l2_evict_last()));
+#else
+  memcpy(&q, p, sizeof(q));
+#endif
+  return q;
+}
+
+// 16 bytes read once (read-only meanwhile), evict-first in L2. L1 keeps its default: a thread that reads a line
+// in several such loads finds the later ones there or in flight.
+RTX_HD Quad load_streamed_quad(const uint32_t* p) {
+  Quad q;
+#if defined(RTINDEX_CACHE_HINTS)
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=r"(q.word[0]), "=r"(q.word[1]), "=r"(q.word[2]), "=r"(q.word[3])
+      : "l"(p), "l"(l2_evict_first()));
 #else
   memcpy(&q, p, sizeof(q));
 #endif
