@@ -240,3 +240,20 @@ def test_enum_codes_are_the_extensions(monkeypatch):
     with pytest.raises(RuntimeError, match="C\\+\\+ 'backend:radix=0,optix=1,binary_search=2' vs Python "
                                            "'backend:radix=0,binary_search=1,optix=2'"):
         _config.check_against_extension()
+
+
+def test_build_settings_cannot_be_changed_afterwards(device):
+    """An attribute the build packed into the lookups' configuration would lie if it could be reassigned: it is
+    refused, naming the way to get that setting; the settings meant to change stay assignable."""
+    keys = torch.tensor([1, 2, 3], device=device)
+    for index, name, value in ((RXIndex(keys), "max_range_rays", 4), (RXIndex(keys), "scene", SceneConfig()),
+                               (CgRXIndex(keys), "backend", "binary_search"), (CgRXIndex(keys), "bucket_search", "linear"),
+                               (CgRXIndex(keys), "key_type", "uint64"), (UpdatableCgRXIndex(keys), "node_size", 8),
+                               (UpdatableCgRXIndex(keys), "device", torch.device("meta"))):
+        before = getattr(index, name)
+        with pytest.raises(AttributeError, match=f"{name} is fixed when the index is built"):
+            setattr(index, name, value)
+        assert getattr(index, name) == before and index.lookup(keys).first_row.tolist() == [0, 1, 2]
+    index = CgRXIndex(keys)
+    index.sort_queries = True
+    assert index.lookup(keys).first_row.tolist() == [0, 1, 2]

@@ -165,6 +165,15 @@ class IndexBase:
     key_type: str
     key_dtype: torch.dtype
     device: torch.device
+    #: The settings a build fixes (packed into the operators' configuration, or shaping the structure): set once
+    #: by the constructor, then refused (__setattr__), so that an attribute never shows a value the lookups ignore.
+    _SETTINGS: ClassVar[frozenset[str]] = frozenset({"key_type", "key_dtype", "device"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._SETTINGS and name in self.__dict__:
+            how = "index.to(device)" if name == "device" else f"a new index with {name}=..."
+            raise AttributeError(f"{type(self).__name__}.{name} is fixed when the index is built; use {how}")
+        object.__setattr__(self, name, value)
 
     #: Whether the lookups that answer one row per query (``lookup``, ``range_lookup``, ``aggregate``,
     #: ``range_aggregate``) first sort the queries by key, so that neighbouring threads walk neighbouring parts

@@ -67,6 +67,8 @@ class CgRXSearch(IndexBase):
     _OPS = "cgrx"
     _RANGE_COUNT_OP = "cgrx_range_count"  # every backend: the count is found through the radix table, no rays
     range_rows_ascending = False
+    _SETTINGS = IndexBase._SETTINGS | {"scene", "backend", "requested_backend", "bucket_size", "layout",
+                                       "representation"}
 
     def _init_search(self, keys: torch.Tensor, key_type: KeyType | None, backend: Backend,
                      scene: SceneConfig | None) -> None:
@@ -144,6 +146,7 @@ class CgRXIndex(CgRXSearch):
 
     _STATE_FORMAT = "torch_rtindex.CgRXIndex"
     _STATE_KEYS = ("keys", "key_type", "bucket_size", "layout", "bucket_search", "backend", "scene", "representation")
+    _SETTINGS = CgRXSearch._SETTINGS | {"bucket_search", "requested_layout"}
 
     def __init__(
         self,

@@ -150,6 +150,7 @@ class UpdatableCgRXIndex(CgRXSearch):
     _STATE_KEYS = ("keys", "rows", "keys_ordered", "key_dtype", "key_type", "node_size", "growth", "backend", "scene",
                    "next_row")
     _STATE_TENSORS = ("keys", "rows")
+    _SETTINGS = CgRXSearch._SETTINGS | {"node_size"}
 
     def __init__(
         self,

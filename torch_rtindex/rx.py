@@ -53,6 +53,7 @@ class RXIndex(IndexBase):
     # torch.load(..., weights_only=True) (the default) reads it back.
     _STATE_FORMAT = "torch_rtindex.RXIndex"
     _STATE_KEYS = ("keys", "key_type", "scene", "allow_update", "max_range_rays")
+    _SETTINGS = IndexBase._SETTINGS | {"scene", "allow_update", "max_range_rays"}
 
     def __init__(
         self,
