@@ -229,7 +229,7 @@ class IdToRow(torch.nn.Module):
         if ids.device.type == "meta":  # a module on the meta device has shapes, not IDs, to index
             self.ids, self._index, self._indexed = ids, None, None
             return
-        index = _index_class(self.index_kind)(ids.contiguous(), **self.index_options)
+        index = self._check_index(_index_class(self.index_kind)(ids.contiguous(), **self.index_options))
         self._check_default_row(len(index))
         self.ids, self._index, self._indexed = ids, index, (ids, _version_counter(ids))
 
