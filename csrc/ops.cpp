@@ -81,15 +81,16 @@ const std::vector<at::Tag> kOptixTags{at::Tag::cudagraph_unsafe};
 const std::vector<at::Tag> kNoTags{};
 
 // The enums and configuration layouts the Python package mirrors (torch_rtindex/_config.py checks them at
-// import, so a change on one side cannot silently shift the meaning of an integer on the other).
+// import, so a change on one side cannot silently shift the meaning of an integer on the other). The enums'
+// names and values come from their definitions (core/config.h enum_schema).
 std::string config_schema() {
-  return "key_type:int64=0,int32=1,uint64=2,float32=3,float64=4;"
-         "layout:packed_row=0,aligned_row=1,column=2,nodes=3;"
-         "backend:radix=0,optix=1,binary_search=2;"
-         "bucket_search:binary=0,linear=1;"
-         "representation:naive=0,optimized=1;"
-         "cgrx_config:" + rtindex::config_fields_schema(rtindex::cgrx::kCgrxConfigFields) + ";"
-         "rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields);
+  using rtindex::enum_schema;
+  namespace cgrx = rtindex::cgrx;
+  return "key_type:" + enum_schema<rtindex::KeyType>() + ";layout:" + enum_schema<cgrx::Layout>() +
+         ";backend:" + enum_schema<cgrx::Backend>() + ";bucket_search:" + enum_schema<cgrx::BucketSearch>() +
+         ";representation:" + enum_schema<cgrx::Representation>() +
+         ";cgrx_config:" + rtindex::config_fields_schema(cgrx::kCgrxConfigFields) +
+         ";rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields);
 }
 
 }  // namespace

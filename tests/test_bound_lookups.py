@@ -80,10 +80,15 @@ answered through torch.ops (its __torch_function__ must see the call)."""
     check_lookup(index.lookup(q.as_subclass(Sub)), *ref.points(q)[:2])
     with pytest.raises(ValueError, match="1-D"):
         index.lookup(q[:16].view(4, 4))
-    with pytest.raises(TypeError, match="dtype"):
-        index.lookup(q.to(torch.int32))
-    with pytest.raises(TypeError, match="dtype"):
+    # Another dtype: the checked path converts what converts exactly and refuses the rest.
+    narrow = q.to(torch.int32)
+    check_lookup(index.lookup(narrow), *ref.points(narrow.to(torch.int64))[:2])
+    np.testing.assert_array_equal(index.lookup_rows(narrow, -2).cpu().numpy(),
+                                  np.where(ref.points(narrow.to(torch.int64))[1] > 0, ref.points(narrow.to(torch.int64))[0], -2))
+    with pytest.raises(TypeError, match="dtype torch.float64 but the index holds int64"):
         index.lookup_rows(q.to(torch.float64), 0)
+    with pytest.raises(TypeError, match="dtype torch.int64 but the index holds int32"):
+        CgRXIndex(narrow).lookup(q)
     other = "cpu" if device.type == "cuda" else "meta"
     with pytest.raises((ValueError, RuntimeError)):
         index.lookup(q.to(other))

@@ -215,3 +215,50 @@ def test_row_ids_above_2_31_keep_their_order_through_a_rebuild(device):
     res = index.delete(torch.tensor([5], device=device), rows=torch.tensor([3], device=device))
     assert (res.deleted, res.absent) == (1, 0)
     assert index.lookup_all(torch.tensor([5], device=device)).rows.cpu().tolist() == [0, 2**32 - 2]
+
+
+def test_update_keys_follow_the_dtype_policy(device):
+    """Keys of an update convert as queries do: int32 keys into an int64 index are the same keys; int64 keys into
+    an int32 index, or floats into an integer one, are refused naming both dtypes, and change nothing."""
+    index = UpdatableCgRXIndex(torch.tensor([5, 7], device=device), node_size=4)
+    res = index.update(insert_keys=torch.tensor([9, -(2**31)], dtype=torch.int32, device=device),
+                       delete_keys=torch.tensor([5], dtype=torch.int16, device=device))
+    assert (res.inserted, res.deleted, res.absent) == (2, 1, 0) and res.rows.tolist() == [2, 3]
+    q = torch.tensor([5, 7, 9, -(2**31)], device=device)
+    assert index.lookup(q).first_row.tolist() == [-1, 1, 2, 3]
+    assert index.delete(torch.tensor([9], dtype=torch.int32, device=device), rows=torch.tensor([2], device=device)).deleted == 1
+    small = UpdatableCgRXIndex(torch.tensor([5, 7], dtype=torch.int32, device=device), node_size=4)
+    for bad, side in ((torch.tensor([9], device=device), "insert"), (torch.tensor([5.0], device=device), "delete")):
+        with pytest.raises(TypeError, match=f"{side} keys has dtype {bad.dtype} but the index holds int32 keys"):
+            small.update(**{f"{side}_keys": bad})
+    assert small.lookup(torch.tensor([5, 7, 9], dtype=torch.int32, device=device)).first_row.tolist() == [0, 1, -1]
+    assert len(small) == 2
+
+
+def test_row_ids_past_32_bits_are_refused(device):
+    """Row IDs are 32-bit inside the index: an explicit insert row past 2^32 - 2 is refused (it would make
+    aggregate ask for that many values and the next fresh row jump past it), as is a state that says so."""
+    index = UpdatableCgRXIndex(torch.tensor([5, 7], device=device), node_size=4)
+    for bad in (2**62, 2**32 - 1, -1):
+        with pytest.raises(ValueError, match=r"row IDs in 0 .. 2\^32 - 2"):
+            index.insert(torch.tensor([9], device=device), rows=torch.tensor([bad], device=device))
+    assert len(index) == 2 and index.insert(torch.tensor([9], device=device)).rows.tolist() == [2]
+    values = torch.tensor([1.0, 2.0, 4.0], device=device)
+    assert index.aggregate(torch.tensor([5, 9], device=device), values).sum.tolist() == [1.0, 4.0]
+    state = index.state_dict()
+    for bad in (2**62, -1, "3"):
+        with pytest.raises(ValueError, match="next_row"):
+            UpdatableCgRXIndex.from_state_dict({**state, "next_row": bad})
+    assert UpdatableCgRXIndex.from_state_dict(state).insert(torch.tensor([1], device=device)).rows.tolist() == [3]
+
+
+def test_settings_are_checked_where_they_are_changed(device):
+    index = UpdatableCgRXIndex(torch.tensor([5, 7], device=device), node_size=4)
+    for name, bad, error in (("growth", 0.5, ValueError), ("growth", "x", TypeError),
+                             ("max_node_reads", 0.9, ValueError), ("max_node_reads", float("nan"), ValueError)):
+        with pytest.raises(error, match=name):
+            setattr(index, name, bad)
+    index.growth, index.max_node_reads = 2.0, None
+    assert (index.growth, index.max_node_reads) == (2.0, None)
+    index.insert(torch.arange(100, device=device))
+    assert len(index) == 102 and index.stats()["auto_rebuilds"] == 0

@@ -152,16 +152,38 @@ def test_csr_lookups_compile_with_dynamic_output_shapes(device, gen, kind):
 def test_argument_checks_still_apply_when_compiled(device):
     index = RXIndex(torch.tensor([5, 6, 7], device=device))
     lookup = lambda q: index.lookup(q)  # noqa: E731
-    bad = torch.tensor([6], dtype=torch.int32, device=device)
+    bad = torch.tensor([6.0], dtype=torch.float32, device=device)
     # Without fullgraph, the check's exception leaves the compiled region as it is in eager mode.
-    with pytest.raises(TypeError, match="dtype torch.int32 but the index holds torch.int64"):
+    with pytest.raises(TypeError, match="dtype torch.float32 but the index holds int64 keys"):
         torch.compile(lookup, backend="eager", dynamic=True)(bad)
     # With fullgraph=True, Dynamo reports it as Unsupported, quoting the check's message.
     torch._dynamo.reset()  # forget that the first compile gave up on this code
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="dtype torch.int32 but the index holds torch.int64"):
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="dtype torch.float32 but the index holds int64 keys"):
         torch.compile(lookup, backend="eager", fullgraph=True, dynamic=True)(bad)
     good = torch.compile(lookup, backend="eager", fullgraph=True, dynamic=True)(torch.tensor([7, 8], device=device))
     assert good.first_row.tolist() == [2, -1] and good.count.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("make", [RXIndex, CgRXIndex, lambda k: UpdatableCgRXIndex(k, node_size=4)],
+                         ids=["rx", "cgrx", "updatable"])
+def test_lossless_query_dtypes_compile_in_one_graph(device, gen, make):
+    """int32 queries on an int64 index under fullgraph=True: the conversion is part of the graph, and the
+    answers are the converted batch's (which the reference answers)."""
+    keys = torch.cat([int64_keys("uniform", 300, gen), torch.randint(-(2**31), 2**31 - 1, (300,), generator=gen)])
+    index = make(keys.to(device))
+    q = torch.cat([keys[300:400], torch.tensor([-(2**31), 2**31 - 1, 0, 5])]).to(torch.int32).to(device)
+    ref = Reference(keys, "int64")
+
+    def answer(q):
+        return index.lookup(q), index.lookup_rows(q, -3), index.lookup_all_capped(q, 512)
+
+    counter = CompileCounterWithBackend("eager")
+    point, rows, capped = torch.compile(answer, backend=counter, fullgraph=True, dynamic=True)(q)
+    first, count, matches = ref.points(q.cpu().to(torch.int64))
+    check_lookup(point, first, count)
+    np.testing.assert_array_equal(rows.cpu().numpy(), np.where(count > 0, first, -3))
+    check_matches(capped.to_matches(), matches)
+    assert counter.frame_count == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")

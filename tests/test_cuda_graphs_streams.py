@@ -44,10 +44,10 @@ CAPTURABLE = ["cgrx-radix", "cgrx-binary_search", "updatable"]
 def test_capturable_reports_the_backend():
     keys = torch.arange(100)
     for kind, make in INDEXES.items():
-        assert make(keys).capturable()  # CPU indexes: nothing to capture, nothing refused
+        assert make(keys).capturable  # CPU indexes: nothing to capture, nothing refused
     if torch.cuda.is_available():
         for kind, make in INDEXES.items():
-            assert make(keys.cuda()).capturable() == (kind in CAPTURABLE), kind
+            assert make(keys.cuda()).capturable == (kind in CAPTURABLE), kind
 
 
 def same(got, want) -> None:

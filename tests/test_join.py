@@ -138,3 +138,26 @@ def test_join_compiles(device, gen):
         compiled = torch.compile(left_join, backend="aot_eager", fullgraph=True, dynamic=True)
         for n in (probe.numel(), 97):
             check_pairs(compiled(probe[:n].to(device, copy=True)), brute_force(p[:n, None] == b[None, :], "left"))
+
+
+@pytest.mark.parametrize("kind", list(INDEXES))
+def test_probes_follow_the_dtype_policy(device, gen, kind):
+    """int32 probes on an int64 build side are the same keys (every join form); float probes on an integer build
+    side are refused naming both dtypes."""
+    build = torch.randint(-(2**31), 2**31 - 1, (200,), generator=gen)
+    build = torch.cat([build, build[:40], torch.tensor([-(2**31), 2**31 - 1])])
+    index = INDEXES[kind](build.to(device))
+    probe = torch.cat([build[:60], torch.tensor([5, -(2**31), 2**31 - 1])]).to(torch.int32)
+    b, p = build.numpy(), probe.numpy().astype(np.int64)
+    lo, hi = probe, torch.clamp(probe.to(torch.int64) + 2**20, max=2**31 - 1).to(torch.int32)
+    ranged = (b[None, :] >= p[:, None]) & (b[None, :] <= hi.numpy()[:, None])
+    for how in ("inner", "left"):
+        want = brute_force(p[:, None] == b[None, :], how)
+        check_pairs(join(index, probe.to(device), how=how), want)
+        check_capped_pairs(join_capped(index, probe.to(device), want[0].size + 3, how=how), want, want[0].size + 3)
+        want = brute_force(ranged, how)
+        check_pairs(range_join(index, lo.to(device), hi.to(device), how=how), want)
+        check_capped_pairs(range_join_capped(index, lo.to(device), hi.to(device), want[0].size, how=how), want,
+                           want[0].size)
+    with pytest.raises(TypeError, match="dtype torch.float64 but the index holds int64 keys"):
+        join(index, probe.to(torch.float64).to(device))

@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torch_rtindex import UpdatableCgRXIndex
-from torch_rtindex._config import Backend, Layout, cgrx_config, rx_config
+from torch_rtindex._config import BACKEND_CODES, LAYOUT_CODES, cgrx_config, rx_config
 from torch_rtindex._keys import KEY_TYPES
 from torch_rtindex.results import Lookup, Matches
 
@@ -249,7 +249,9 @@ def test_scene_operators(data):
 
 # ---------------------------------------------------------------------------------------------------- cgRX
 CGRX_SCENE = [23, 23, 18, 15, 25]
-CGRX_BACKENDS = {"radix": 0, "optix": 1, "binary_search": 2}
+CGRX_BACKENDS = BACKEND_CODES
+LAYOUT_NAMES = {code: name for name, code in LAYOUT_CODES.items()}
+BACKEND_NAMES = {code: name for name, code in BACKEND_CODES.items()}
 BUCKET = 8
 
 
@@ -268,7 +270,7 @@ def cgrx_lookup_args(device, data, backend: int, is_range: bool, layout: int = 0
     keys, queries, lo, hi, _ = data
     qlo, qhi = (lo.to(device), hi.to(device)) if is_range else (queries.to(device), None)
     # key_type int64: the kernels map the queries
-    config = cgrx_config("int64", Layout(layout).name, BUCKET, "binary", Backend(backend).name, CGRX_SCENE)
+    config = cgrx_config("int64", LAYOUT_NAMES[layout], BUCKET, "binary", BACKEND_NAMES[backend], CGRX_SCENE)
     return (*cgrx_structure(device, keys, backend, layout), config, qlo, qhi)
 
 

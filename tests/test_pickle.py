@@ -131,7 +131,9 @@ def test_malformed_state_refused():
     with pytest.raises((pickle.UnpicklingError, TypeError), match="keys must be a tensor"):
         round_trip(forged(state))
     module = IdToRow(torch.tensor([1, 2]))
-    module.miss = "anything"
+    with pytest.raises(ValueError, match="miss must be one of"):
+        module.miss = "anything"  # checked where it is set
+    module.__dict__["_miss"] = "anything"  # as a forged file could hold it
     with pytest.raises((pickle.UnpicklingError, ValueError), match="not an IdToRow state"):
         round_trip(module)
 

@@ -11,6 +11,7 @@ Every build ends with :meth:`IndexBase._prepare_lookups`, which decides once wha
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any, ClassVar, TypeVar
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from . import _extension
 from ._keys import KEY_TYPES, MAX_KEYS, check_key_tensor, check_queries
 from .results import Aggregate, CappedMatches, Lookup, Matches
+from .scene import SceneConfig
 
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _as_lookup = tuple.__new__  # a named tuple from an operator's tuple, without the namedtuple's argument unpacking
@@ -85,10 +87,63 @@ def check_int(value: Any, name: str, lo: int, hi: int) -> int:
     return v
 
 
+def check_bool(value: Any, name: str) -> bool:
+    """A flag argument: True or False, never a truthy stand-in (``"no"`` would read as True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_scene(scene: Any, default: SceneConfig) -> SceneConfig:
+    """A ``scene=`` argument: a SceneConfig, or None for the index's default."""
+    if scene is None:
+        return default
+    if not isinstance(scene, SceneConfig):
+        raise TypeError(f"scene must be a torch_rtindex.SceneConfig or None, got {type(scene).__name__} {scene!r}")
+    return scene
+
+
+def device_bytes(device: torch.device) -> int:
+    """The memory of ``device``, in bytes: the GPU's, or the host's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): only the int64 bound below
+        return 2**62
+
+
+def check_capacity(capacity: Any, device: torch.device) -> int | torch.SymInt:
+    """A fixed-size answer's capacity (``*_capped``): an int, a numpy integer or a 0-d integer tensor, from 0
+    up to what ``device`` can hold: its rows (8 bytes each) are allocated up front, so a capacity past the
+    device's memory can never be met and is refused here, with the way out, rather than by the allocator."""
+    if isinstance(capacity, torch.Tensor):
+        if capacity.dim() != 0 or capacity.dtype.is_floating_point or capacity.dtype.is_complex or capacity.dtype == torch.bool:
+            raise TypeError(f"a tensor capacity must be a 0-d integer tensor, got shape {tuple(capacity.shape)} "
+                            f"{capacity.dtype}; pass an int")
+        capacity = int(capacity)
+    elif isinstance(capacity, bool) or not isinstance(capacity, (int, torch.SymInt)):
+        if isinstance(capacity, bool) or not hasattr(type(capacity), "__index__"):
+            raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
+        capacity = operator.index(capacity)  # numpy integers and the like
+    if capacity < 0:
+        raise ValueError(f"capacity must be non-negative, got {capacity}")
+    # Not checked while compiling: a comparison on a symbolic capacity would be one more guard to recompile on.
+    if isinstance(capacity, int) and not torch.compiler.is_compiling():
+        have = device_bytes(device)
+        if capacity > have // 8:
+            raise ValueError(
+                f"capacity={capacity} asks for {format_bytes(8 * capacity)} of row IDs up front (8 bytes each), more "
+                f"than the {device.type} device's {format_bytes(have)} of memory; pass a capacity near the number of "
+                "matches you expect (a capped answer's .total is the true count, to retry with)"
+            )
+    return capacity
+
+
 def format_bytes(n: int) -> str:
-    """Bytes for people: 512 B, 3.4 KiB, 12.0 MiB, 1.1 GiB."""
+    """Bytes for people: 512 B, 3.4 KiB, 12.0 MiB, 1.1 GiB, 8.0 TiB."""
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+        if n < 1024:
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
@@ -117,6 +172,15 @@ class IndexBase:
     key_type: str
     key_dtype: torch.dtype
     device: torch.device
+    #: The settings a build fixes (packed into the operators' configuration, or shaping the structure): set once
+    #: by the constructor, then refused (__setattr__), so that an attribute never shows a value the lookups ignore.
+    _SETTINGS: ClassVar[frozenset[str]] = frozenset({"key_type", "key_dtype", "device"})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._SETTINGS and name in self.__dict__:
+            how = "index.to(device)" if name == "device" else f"a new index with {name}=..."
+            raise AttributeError(f"{type(self).__name__}.{name} is fixed when the index is built; use {how}")
+        object.__setattr__(self, name, value)
 
     #: Whether the lookups that answer one row per query (``lookup``, ``range_lookup``, ``aggregate``,
     #: ``range_aggregate``) first sort the queries by key, so that neighbouring threads walk neighbouring parts
@@ -215,17 +279,22 @@ class IndexBase:
         raise NotImplementedError
 
     # ------------------------------------------------------------------------------------------ building
-    def _check_build_keys(self, keys: torch.Tensor, what: str = "keys") -> None:
-        """Checks keys to index: dtype, device, count, no NaN."""
-        check_key_tensor(keys, what, dtype=self.key_dtype, device=self.device)
+    def _check_build_keys(self, keys: torch.Tensor, what: str = "keys") -> torch.Tensor:
+        """Checks keys to index (dtype, device, count, no NaN); returns them in the key dtype (lossless
+        conversions only: int32 keys inserted into an int64 index)."""
+        given, keys = keys, check_key_tensor(keys, what, dtype=self.key_dtype, device=self.device,
+                                             key_type=self.key_type)
+        if keys is not given:
+            self._record_input_uses((given,))  # read by the conversion, on the current stream
         if keys.numel() > MAX_KEYS:
             raise ValueError(f"an index holds at most 2^32 - 1 keys, got {keys.numel()}")
         if keys.dtype.is_floating_point and keys.numel() and bool(torch.isnan(keys).any()):
             raise ValueError(f"{what} contain NaN, which has no place in a key order; drop or replace those rows")
+        return keys
 
     def _map_keys(self, keys: torch.Tensor, what: str = "keys") -> torch.Tensor:
         """Checks keys to index (_check_build_keys) and maps them to ordered keys."""
-        self._check_build_keys(keys, what)
+        keys = self._check_build_keys(keys, what)
         ordered = _ops().map_keys(keys, KEY_TYPES[self.key_type])
         self._record_input_uses((keys,))
         return ordered
@@ -373,20 +442,6 @@ class IndexBase:
             raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
         return values.contiguous()
 
-    @staticmethod
-    def _capacity(capacity: int | torch.SymInt) -> int | torch.SymInt:
-        if isinstance(capacity, bool) or not isinstance(capacity, (int, torch.SymInt)):
-            if isinstance(capacity, bool) or not hasattr(type(capacity), "__index__"):
-                raise TypeError(f"capacity must be an integer, got {type(capacity).__name__} {capacity!r}")
-            capacity = operator.index(capacity)  # numpy integers and the like
-        if capacity < 0:
-            raise ValueError(f"capacity must be non-negative, got {capacity}")
-        # The rows are allocated up front (8 bytes each), so a capacity past 2^62 can never be met. Not checked
-        # while compiling: a second comparison on a symbolic capacity would be one more guard to recompile on.
-        if isinstance(capacity, int) and capacity > 2**62:
-            raise ValueError(f"capacity must be at most 2^62 (its rows are allocated up front), got {capacity}")
-        return capacity
-
     def lookup(self, queries: torch.Tensor) -> Lookup:
         """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count.
 
@@ -475,16 +530,16 @@ class IndexBase:
         """:meth:`lookup_all` into a fixed-size answer: at most ``capacity`` row IDs, plus the true match count.
 
         No host synchronization and fixed output shapes: usable in CUDA graphs (where the index's lookups are,
-        see :meth:`capturable`) and under ``torch.compile`` without ``capture_dynamic_output_shape_ops``.
+        see :attr:`capturable`) and under ``torch.compile`` without ``capture_dynamic_output_shape_ops``.
         See :class:`~torch_rtindex.CappedMatches` for what a truncated answer holds.
         """
-        capacity = self._capacity(capacity)
+        capacity = check_capacity(capacity, self.device)
         return CappedMatches(*self._call("lookup_csr_capped", queries, None, "lookup_all_capped", capacity=capacity))
 
     def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`range` into a fixed-size answer of ``capacity`` row IDs plus the true match count (see
         :meth:`lookup_all_capped`)."""
-        capacity = self._capacity(capacity)
+        capacity = check_capacity(capacity, self.device)
         return CappedMatches(*self._call("lookup_csr_capped", lo, hi, "range_capped", capacity=capacity))
 
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
@@ -496,6 +551,7 @@ class IndexBase:
         """Range lookups answered as (match count, sum of ``values[row]`` over the matches)."""
         return Aggregate(*self._call("aggregate", lo, hi, "range_aggregate", values=values))
 
+    @property
     def capturable(self) -> bool:
         """Whether this index's fixed-size lookups (``lookup``, ``range_lookup``, ``aggregate``,
         ``range_aggregate``, ``*_capped``) can be captured in a CUDA graph: CPU indexes trivially, CUDA indexes

@@ -1,43 +1,40 @@
-"""The typed configuration every index hands its lookup operators: Python mirrors of the C++ enums and of the
-packed ``int config`` layouts (csrc/ops.cpp ``config_schema``, csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h), checked
-against the C++ side when the package is imported, so an integer never silently changes its meaning."""
+"""The typed configuration every index hands its lookup operators: the operators' codes of the option names
+(torch_rtindex/index.py spells them) and the packed ``int config`` layouts (csrc/ops.cpp ``config_schema``,
+csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h), checked against the C++ side when the package is imported, so an
+integer never silently changes its meaning."""
 
 from __future__ import annotations
 
-from enum import IntEnum
+from typing import Any, Literal, get_args
 
 import torch
 
-
-class KeyType(IntEnum):
-    int64 = 0
-    int32 = 1
-    uint64 = 2  # also: queries that are ordered keys already
-    float32 = 3
-    float64 = 4
+from .index import BucketSearch, KeyType, PairsLayout, Representation, SearchBackend
 
 
-class Layout(IntEnum):
-    packed_row = 0
-    aligned_row = 1
-    column = 2
-    nodes = 3
+def codes(names: Any) -> dict[str, int]:
+    """The codes of a C++ enum whose names a Literal alias lists in the enum's numbering: name -> position."""
+    return {name: code for code, name in enumerate(get_args(names))}
 
 
-class Backend(IntEnum):
-    radix = 0
-    optix = 1
-    binary_search = 2
+def check_option(value: Any, name: str, options: Any) -> str:
+    """``value`` where it is one of a Literal alias's names, else a ValueError that lists them."""
+    allowed = get_args(options)
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    return value
 
 
-class BucketSearch(IntEnum):
-    binary = 0
-    linear = 1
+#: The storage layouts of every cgRX index: the read-only index's pairs, then the updatable index's node chains.
+StorageLayout = Literal[PairsLayout, "nodes"]
 
-
-class Representation(IntEnum):
-    naive = 0
-    optimized = 1
+KEY_TYPE_CODES = codes(KeyType)
+LAYOUT_CODES = codes(StorageLayout)
+BACKEND_CODES = codes(SearchBackend)
+BUCKET_SEARCH_CODES = codes(BucketSearch)
+REPRESENTATION_CODES = codes(Representation)
+_ENUMS = (("key_type", KEY_TYPE_CODES), ("layout", LAYOUT_CODES), ("backend", BACKEND_CODES),
+          ("bucket_search", BUCKET_SEARCH_CODES), ("representation", REPRESENTATION_CODES))
 
 
 # Each configuration's fields and bit widths, packed from the lowest bit up into the lookup operators' one
@@ -80,31 +77,32 @@ def cgrx_config(key_type: str, layout: str, bucket_size: int, bucket_search: str
     structure is not in the CPU's caches when a call starts (an out-of-core chunk), so the CPU kernels prefetch
     ahead whatever its size."""
     # A plain int: what the operator takes (and what torch.compile guards on by value).
-    return pack(CGRX_CONFIG_FIELDS, key_type=KeyType[key_type], layout=Layout[layout], bucket_size=bucket_size,
-                bucket_search=BucketSearch[bucket_search], backend=Backend[backend], spare_rows=int(spare_rows), cold=int(cold),
-                **_scene_fields(scene))
+    return pack(CGRX_CONFIG_FIELDS, key_type=KEY_TYPE_CODES[key_type], layout=LAYOUT_CODES[layout],
+                bucket_size=bucket_size, bucket_search=BUCKET_SEARCH_CODES[bucket_search],
+                backend=BACKEND_CODES[backend], spare_rows=int(spare_rows), cold=int(cold), **_scene_fields(scene))
 
 
 def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list[int]) -> int:
     """The packed ``int config`` of the RX lookup operators (RX_CONFIG_FIELDS)."""
-    return pack(RX_CONFIG_FIELDS, key_type=KeyType[key_type], unique_keys=unique_keys, max_range_rays=max_range_rays,
+    return pack(RX_CONFIG_FIELDS, key_type=KEY_TYPE_CODES[key_type], unique_keys=unique_keys, max_range_rays=max_range_rays,
                 **_scene_fields(scene))
 
 
 def _schema() -> str:
-    enums = [("key_type", KeyType), ("layout", Layout), ("backend", Backend), ("bucket_search", BucketSearch),
-             ("representation", Representation)]
-    parts = [f"{name}:" + ",".join(f"{m.name}={m.value}" for m in enum) for name, enum in enums]
+    """config_schema()'s format: each enum's "name=code" pairs, then each configuration's "field:bits"."""
+    parts = [f"{name}:" + ",".join(f"{n}={c}" for n, c in table.items()) for name, table in _ENUMS]
     parts += [f"{name}:" + ",".join(f"{f}:{bits}" for f, bits in fields)
               for name, fields in (("cgrx_config", CGRX_CONFIG_FIELDS), ("rx_config", RX_CONFIG_FIELDS))]
     return ";".join(parts)
 
 
 def check_against_extension() -> None:
-    """Raises if the compiled extension's enums or config layouts differ from these mirrors."""
-    native = torch.ops.rtindex_internal.config_schema()
-    if native != _schema():
+    """Raises if the compiled extension's enums or config layouts differ from the Python side's, naming the part."""
+    native, python = torch.ops.rtindex_internal.config_schema(), _schema()
+    if native != python:
+        differ = [f"C++ {c!r} vs Python {p!r}" for c, p in zip(native.split(";"), python.split(";")) if c != p]
         raise RuntimeError(
-            "torch_rtindex: the compiled extension's configuration schema differs from the Python package's "
-            f"(a stale build?): C++ {native!r}, Python {_schema()!r}; delete the build cache and import again"
+            "torch_rtindex: the compiled extension's enums or configuration layouts differ from the Python "
+            f"package's: {'; '.join(differ) or (native, python)}. A stale build: delete the build cache and import "
+            "again; a changed C++ enum: list its names in that order in torch_rtindex/index.py"
         )

@@ -1,6 +1,7 @@
 """Key types: which dtypes an index accepts and how their values are ordered.
 
-The numbering matches ``rtindex::KeyType`` in csrc/core/keys.h. The mapping itself runs in C++
+``KEY_TYPES`` maps each key type (torch_rtindex.index.KeyType) to the code of ``rtindex::KeyType`` in
+csrc/core/keys.h (torch_rtindex/_config.py derives and checks it). The mapping itself runs in C++
 (``torch.ops.rtindex.map_keys``), once for every backend.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-KEY_TYPES = {"int64": 0, "int32": 1, "uint64": 2, "float32": 3, "float64": 4}
+from ._config import KEY_TYPE_CODES as KEY_TYPES
 
 _DTYPE_TO_KEY_TYPE = {
     torch.int64: "int64",
@@ -64,23 +65,25 @@ def resolve_key_type(keys: torch.Tensor, key_type: str | None) -> str:
     return key_type
 
 
-def as_key_dtype(t: torch.Tensor, name: str, *, dtype: torch.dtype, key_type: str | None = None) -> torch.Tensor:
+def as_key_dtype(t: torch.Tensor, name: str, *, dtype: torch.dtype, key_type: str | None = None,
+                 holder: str = "the index", noun: str = "keys") -> torch.Tensor:
     """The dtype policy for keys, queries and IDs: ``t`` as ``dtype`` when every value converts exactly (int32
     queries on an int64 index, float32 on float64), else a TypeError naming both dtypes. ``key_type``: the
-    index's key type where its dtype alone does not say it (uint64 keys held in int64 storage)."""
+    index's key type where its dtype alone does not say it (uint64 keys held in int64 storage). ``holder`` and
+    ``noun`` name what the error speaks of ("the table" and "IDs" for IdToRow)."""
     if t.dtype == dtype:
         return t
     kt = key_type or _DTYPE_TO_KEY_TYPE.get(dtype)
     if t.dtype in _LOSSLESS_FROM.get(kt, ()):
         return t.to(dtype)
     if t.dtype.is_floating_point != dtype.is_floating_point:
-        why = "converting between integer and floating-point keys can round or truncate"
+        why = f"converting between integer and floating-point {noun} can round or truncate"
     elif t.dtype.is_signed != (kt != "uint64"):
-        why = "converting between signed and unsigned keys changes negative values"
+        why = f"converting between signed and unsigned {noun} changes negative values"
     else:
         why = f"{t.dtype} values may not fit {dtype}"
     raise TypeError(
-        f"{name} has dtype {t.dtype} but the index holds {kt or dtype} keys ({dtype}): {why}. "
+        f"{name} has dtype {t.dtype} but {holder} holds {kt or dtype} {noun} ({dtype}): {why}. "
         f"Convert explicitly with .to({dtype}) if every value is exact in it"
     )
 

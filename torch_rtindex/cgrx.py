@@ -23,21 +23,19 @@ and can be captured in a CUDA graph; the ``"optix"`` backend's OptiX launches ca
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes, query_sort_bits
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, check_scene, format_bytes, query_sort_bits
 from ._keys import KEY_TYPES, resolve_key_type
-from ._config import Backend, BucketSearch, Layout, Representation, cgrx_config
+from ._config import LAYOUT_CODES, REPRESENTATION_CODES, cgrx_config, check_option
+from .index import Backend, BucketSearch, KeyType, Layout, PairsLayout, Representation
 from .results import Lookup
 from .scene import SceneConfig
 
 CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 2^15, z * 2^25
-LAYOUTS = {m.name: m.value for m in Layout if m is not Layout.nodes}  # the read-only index's layouts
-BACKENDS = {m.name: m.value for m in Backend}
-BUCKET_SEARCHES = tuple(m.name for m in BucketSearch)
-REPRESENTATIONS = {m.name: m.value for m in Representation}
+LAYOUTS = {name: LAYOUT_CODES[name] for name in get_args(PairsLayout)}  # the read-only index's layouts
 
 
 def default_backend(device: torch.device) -> str:
@@ -69,19 +67,21 @@ class CgRXSearch(IndexBase):
     _OPS = "cgrx"
     _RANGE_COUNT_OP = "cgrx_range_count"  # every backend: the count is found through the radix table, no rays
     range_rows_ascending = False
+    _SETTINGS = IndexBase._SETTINGS | {"scene", "backend", "requested_backend", "bucket_size", "layout",
+                                       "representation"}
 
-    def _init_search(self, keys: torch.Tensor, key_type: str | None, backend: str, scene: SceneConfig | None) -> None:
+    def _init_search(self, keys: torch.Tensor, key_type: KeyType | None, backend: Backend,
+                     scene: SceneConfig | None) -> None:
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
-        if backend != "auto" and backend not in BACKENDS:
-            raise ValueError(f"backend must be 'auto' or one of {sorted(BACKENDS)}, got {backend!r}")
+        check_option(backend, "backend", Backend)
         self.key_type = resolve_key_type(keys, key_type)
         self.key_dtype = keys.dtype
         self.device = keys.device
         self.requested_backend = backend  # what state_dict() keeps: "auto" is resolved again where it is loaded
         self.backend = default_backend(self.device) if backend == "auto" else backend
         # On the CPU, "optix" means the rays' answer (the first representative >= key), by binary search.
-        self.scene = scene or CGRX_SCENE
+        self.scene = check_scene(scene, CGRX_SCENE)
 
     def _index_tensors(self) -> tuple[torch.Tensor, ...]:
         return (self._pairs, self._reps, self._table, self._scene)
@@ -146,26 +146,24 @@ class CgRXIndex(CgRXSearch):
 
     _STATE_FORMAT = "torch_rtindex.CgRXIndex"
     _STATE_KEYS = ("keys", "key_type", "bucket_size", "layout", "bucket_search", "backend", "scene", "representation")
+    _SETTINGS = CgRXSearch._SETTINGS | {"bucket_search", "requested_layout"}
 
     def __init__(
         self,
         keys: torch.Tensor,
         *,
-        key_type: str | None = None,
+        key_type: KeyType | None = None,
         bucket_size: int = 16,
-        layout: str = "auto",
-        bucket_search: str = "binary",
-        backend: str = "auto",
+        layout: Layout = "auto",
+        bucket_search: BucketSearch = "binary",
+        backend: Backend = "auto",
         scene: SceneConfig | None = None,
-        representation: str = "optimized",
+        representation: Representation = "optimized",
     ) -> None:
         bucket_size = check_int(bucket_size, "bucket_size", 1, 2**30)
-        if layout != "auto" and layout not in LAYOUTS:
-            raise ValueError(f"layout must be 'auto' or one of {sorted(LAYOUTS)}, got {layout!r}")
-        if bucket_search not in BUCKET_SEARCHES:
-            raise ValueError(f"bucket_search must be one of {BUCKET_SEARCHES}, got {bucket_search!r}")
-        if representation not in REPRESENTATIONS:
-            raise ValueError(f"representation must be one of {sorted(REPRESENTATIONS)}, got {representation!r}")
+        check_option(layout, "layout", Layout)
+        check_option(bucket_search, "bucket_search", BucketSearch)
+        check_option(representation, "representation", Representation)
         self._init_search(keys, key_type, backend, scene)
         self.bucket_size = bucket_size
         self.bucket_search = bucket_search
@@ -176,7 +174,7 @@ class CgRXIndex(CgRXSearch):
 
     def _build(self, keys: torch.Tensor) -> None:
         # The build maps the keys where its sort reads them: no ordered copy of them all (build memory).
-        self._check_build_keys(keys)
+        keys = self._check_build_keys(keys)
         ops = _ops()
         self._n = keys.numel()
         self._pairs, self._reps, self._table = ops.cgrx_build(keys, self.bucket_size, LAYOUTS[self.layout],
@@ -185,7 +183,7 @@ class CgRXIndex(CgRXSearch):
         self.num_buckets = -(-self._n // self.bucket_size)
         if self.backend == "optix" and self.device.type == "cuda":
             self._scene = ops.cgrx_build_scene(
-                self._reps, self.num_buckets, self.scene.as_list(), REPRESENTATIONS[self.representation],
+                self._reps, self.num_buckets, self.scene.as_list(), REPRESENTATION_CODES[self.representation],
                 self._pairs, self.bucket_size, LAYOUTS[self.layout],
             )
         else:

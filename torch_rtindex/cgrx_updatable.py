@@ -20,6 +20,7 @@ from ._keys import MAX_KEYS
 from ._base import format_bytes
 from ._config import cgrx_config
 from .cgrx import CGRX_SCENE, CgRXSearch, _ops
+from .index import Backend, KeyType
 from ._base import query_sort_bits
 from .results import UpdateResult
 from .scene import SceneConfig
@@ -149,14 +150,15 @@ class UpdatableCgRXIndex(CgRXSearch):
     _STATE_KEYS = ("keys", "rows", "keys_ordered", "key_dtype", "key_type", "node_size", "growth", "backend", "scene",
                    "next_row")
     _STATE_TENSORS = ("keys", "rows")
+    _SETTINGS = CgRXSearch._SETTINGS | {"node_size"}
 
     def __init__(
         self,
         keys: torch.Tensor,
         *,
-        key_type: str | None = None,
+        key_type: KeyType | None = None,
         node_size: int = 32,
-        backend: str = "auto",
+        backend: Backend = "auto",
         scene: SceneConfig | None = None,
         growth: float = 1.25,
         max_node_reads: float | None = DEFAULT_MAX_NODE_READS,
@@ -164,8 +166,8 @@ class UpdatableCgRXIndex(CgRXSearch):
         if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 2 or node_size > 4096 or node_size % 2:
             raise ValueError(f"node_size must be an even integer in 2 .. 4096, got {node_size!r}")
         self.node_size = node_size
-        self.growth = _check_growth(growth)
-        self.max_node_reads = _check_max_node_reads(max_node_reads)
+        self.growth = growth
+        self.max_node_reads = max_node_reads
         self.auto_rebuilds = 0
         self._node_reads = 1.0
         self._init_search(keys, key_type, backend, scene)
@@ -176,6 +178,24 @@ class UpdatableCgRXIndex(CgRXSearch):
         self.layout = "nodes"
         self.representation = "naive"
         self._build(keys)
+
+    @property
+    def growth(self) -> float:
+        """Spare node capacity reserved beyond what a build or update needs (a factor in 1 .. MAX_GROWTH)."""
+        return self._growth
+
+    @growth.setter
+    def growth(self, value: float) -> None:
+        self._growth = _check_growth(value)
+
+    @property
+    def max_node_reads(self) -> float | None:
+        """The rebuild policy's bound (see the class doc); None: never rebuild. May be changed between updates."""
+        return self._max_node_reads
+
+    @max_node_reads.setter
+    def max_node_reads(self, value: float | None) -> None:
+        self._max_node_reads = _check_max_node_reads(value)
 
     # ------------------------------------------------------------------------------------------------ build
     def _build(self, keys: torch.Tensor, rows: torch.Tensor | None = None, *, mapped: bool = False) -> None:
@@ -296,7 +316,10 @@ class UpdatableCgRXIndex(CgRXSearch):
             growth=state["growth"],
         )
         index._build(keys.contiguous(), rows.to(torch.int64), mapped=bool(state["keys_ordered"]))
-        index._next_row = max(int(state["next_row"]), index._next_row)
+        next_row = state["next_row"]
+        if isinstance(next_row, bool) or not isinstance(next_row, int) or not 0 <= next_row <= MAX_KEYS:
+            raise ValueError(f"the state's next_row must be a row ID in 0 .. 2^32 - 1, got {next_row!r}")
+        index._next_row = max(next_row, index._next_row)
         return index
 
     # ---------------------------------------------------------------------------------------------- updates

@@ -18,15 +18,38 @@ import torch
 
 from .results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 
+# The options of the public signatures, spelled once. The names of a C++ enum are listed in its numbering
+# (torch_rtindex/_config.py derives the operators' codes from that order and checks them against the extension
+# at import).
+
+#: How an index reads its keys; also the C++ ``KeyType`` numbering.
 KeyType = Literal["int64", "int32", "uint64", "float32", "float64"]
+#: How a read-only cgRX index stores its sorted pairs (the C++ ``Layout`` numbering; the updatable index's node
+#: chains come last, torch_rtindex/_config.py).
+PairsLayout = Literal["packed_row", "aligned_row", "column"]
+#: ``layout=`` of :class:`~torch_rtindex.CgRXIndex`: a pairs layout, or "auto" (chosen by the backend).
+Layout = Literal["auto", PairsLayout]
+#: The representative search of the cgRX indexes (the C++ ``Backend`` numbering).
+SearchBackend = Literal["radix", "optix", "binary_search"]
+#: ``backend=`` of the cgRX indexes: a search backend, or "auto" (chosen by the device).
+Backend = Literal["auto", SearchBackend]
+#: How a cgRX lookup searches within a bucket (the C++ ``BucketSearch`` numbering).
+BucketSearch = Literal["binary", "linear"]
+#: The OptiX scene of cgRX's "optix" backend (the C++ ``Representation`` numbering).
+Representation = Literal["naive", "optimized"]
+#: What :class:`~torch_rtindex.IdToRow` maps an ID that is not in the table to.
 MissPolicy = Literal["default", "minus_one", "error"]
+#: The index :class:`~torch_rtindex.IdToRow` builds over its IDs.
+IndexKind = Literal["cgrx", "rx", "chunked", "sharded"]
+#: A join's type: every pair of a match ("inner"), and also each probe without one ("left").
+JoinHow = Literal["inner", "left"]
 
 
 @runtime_checkable
 class Index(Protocol):
     """A read-only index over keys with a row ID each (by default the key's position in the build batch)."""
 
-    key_type: str
+    key_type: KeyType
     key_dtype: torch.dtype
     device: torch.device
 

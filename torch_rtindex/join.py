@@ -24,9 +24,9 @@ from typing import Protocol
 
 import torch
 
+from ._config import check_option
+from .index import JoinHow
 from .results import CappedMatches, CappedPairs, Matches
-
-JOIN_TYPES = ("inner", "left")
 
 
 class JoinIndex(Protocol):
@@ -51,8 +51,7 @@ def _check_how(index: object, how: str, method: str) -> None:
             f"a join's first argument is the build side's index (e.g. CgRXIndex(build_keys)), which needs a "
             f"{method}() method; got {type(index).__name__}"
         )
-    if how not in JOIN_TYPES:
-        raise ValueError(f"how must be one of {JOIN_TYPES}, got {how!r}")
+    check_option(how, "how", JoinHow)
 
 
 def _by_owner_then_row(owner: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -120,12 +119,13 @@ def _capped_pairs(m: CappedMatches, how: str) -> CappedPairs:
     return CappedPairs(torch.where(valid, probe, -1), build, total)
 
 
-def join(index: JoinIndex, probe_keys: torch.Tensor, how: str = "inner") -> tuple[torch.Tensor, torch.Tensor]:
+def join(index: JoinIndex, probe_keys: torch.Tensor, how: JoinHow = "inner") -> tuple[torch.Tensor, torch.Tensor]:
     """Equi-join of ``probe_keys`` against the index's keys.
 
     Args:
         index: the build side (RXIndex, CgRXIndex, UpdatableCgRXIndex).
-        probe_keys: 1-D tensor of keys, with the index's dtype and device.
+        probe_keys: 1-D tensor of keys on the index's device, in its key dtype or one that converts to it
+            exactly (int32 probes on an int64 index).
         how: ``"inner"`` (one pair per match) or ``"left"`` (also one pair ``(i, -1)`` per probe key ``i``
             without any match).
 
@@ -138,7 +138,7 @@ def join(index: JoinIndex, probe_keys: torch.Tensor, how: str = "inner") -> tupl
 
 
 def range_join(
-    index: JoinIndex, lo: torch.Tensor, hi: torch.Tensor, how: str = "inner"
+    index: JoinIndex, lo: torch.Tensor, hi: torch.Tensor, how: JoinHow = "inner"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Band join: probe row ``i`` matches every build row whose key lies in ``[lo[i], hi[i]]`` (inclusive,
     in the key type's order; empty when ``lo[i] > hi[i]``).
@@ -157,7 +157,7 @@ def range_join(
     return _pairs(matches if _range_rows_sorted(index) else _sorted_by_row(matches), how)
 
 
-def join_capped(index: CappedJoinIndex, probe_keys: torch.Tensor, capacity: int, how: str = "inner") -> CappedPairs:
+def join_capped(index: CappedJoinIndex, probe_keys: torch.Tensor, capacity: int, how: JoinHow = "inner") -> CappedPairs:
     """:func:`join` into ``capacity`` pairs, with the true pair count: fixed-size outputs and no host
     synchronization, so it can be captured in a CUDA graph (with an index whose lookups can, e.g.
     ``CgRXIndex(..., backend="radix")``) and compiled without ``capture_dynamic_output_shape_ops``.
@@ -171,7 +171,7 @@ def join_capped(index: CappedJoinIndex, probe_keys: torch.Tensor, capacity: int,
 
 
 def range_join_capped(
-    index: CappedJoinIndex, lo: torch.Tensor, hi: torch.Tensor, capacity: int, how: str = "inner"
+    index: CappedJoinIndex, lo: torch.Tensor, hi: torch.Tensor, capacity: int, how: JoinHow = "inner"
 ) -> CappedPairs:
     """:func:`range_join` into ``capacity`` pairs, with the true pair count (see :func:`join_capped`)."""
     _check_how(index, how, "range_capped")

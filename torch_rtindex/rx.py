@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, format_bytes
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_bool, check_int, check_scene, format_bytes
 from ._keys import resolve_key_type
 from ._config import rx_config
+from .index import KeyType
 from .scene import RX_DEFAULT, SceneConfig
 
 DEFAULT_MAX_RANGE_RAYS = 1024
@@ -52,12 +53,13 @@ class RXIndex(IndexBase):
     # torch.load(..., weights_only=True) (the default) reads it back.
     _STATE_FORMAT = "torch_rtindex.RXIndex"
     _STATE_KEYS = ("keys", "key_type", "scene", "allow_update", "max_range_rays")
+    _SETTINGS = IndexBase._SETTINGS | {"scene", "allow_update", "max_range_rays"}
 
     def __init__(
         self,
         keys: torch.Tensor,
         *,
-        key_type: str | None = None,
+        key_type: KeyType | None = None,
         scene: SceneConfig | None = None,
         allow_update: bool = False,
         max_range_rays: int = DEFAULT_MAX_RANGE_RAYS,
@@ -67,8 +69,8 @@ class RXIndex(IndexBase):
         self.key_type = resolve_key_type(keys, key_type)
         self.key_dtype = keys.dtype
         self.device = keys.device
-        self.scene = scene or RX_DEFAULT
-        self.allow_update = bool(allow_update)
+        self.scene = check_scene(scene, RX_DEFAULT)
+        self.allow_update = check_bool(allow_update, "allow_update")
         self.max_range_rays = check_int(max_range_rays, "max_range_rays", 1, 2**31 - 1)
         self._build(keys)
 

@@ -15,6 +15,7 @@
 namespace rtindex::cgrx {
 
 enum class Backend : int64_t { Radix = 0, OptiX = 1, BinarySearch = 2 };
+enum class BucketSearch : int64_t { Binary = 0, Linear = 1 };  // within a bucket (Pairs::linear_search)
 
 inline Layout layout_from_int(int64_t v) {
   TORCH_CHECK(v >= 0 && v <= 3, "layout must be 0 (packed row), 1 (aligned row), 2 (column) or 3 (nodes), got ", v);
@@ -115,8 +116,8 @@ static_assert(config_bits(kCgrxConfigFields) <= 63, "a cgRX config must fit a no
 inline CgrxConfig cgrx_config(int64_t packed) {
   const auto f = unpack_config(packed, kCgrxConfigFields, "a cgRX config");
   return CgrxConfig{key_type_from_int(f[kCgrxKeyType]), f[kCgrxLayout], f[kCgrxBucketSize],
-                    f[kCgrxBucketSearch] == 1, f[kCgrxBackend], scene_from_fields(&f[kCgrxScene]), f[kCgrxSpareRows] == 1,
-                    f[kCgrxCold] == 1};
+                    f[kCgrxBucketSearch] == static_cast<int64_t>(BucketSearch::Linear), f[kCgrxBackend],
+                    scene_from_fields(&f[kCgrxScene]), f[kCgrxSpareRows] == 1, f[kCgrxCold] == 1};
 }
 
 inline IndexArgs index_args(const at::Tensor& pairs, const at::Tensor& reps, const at::Tensor& table,

@@ -8,8 +8,10 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <cctype>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "scene.h"
 
@@ -53,6 +55,53 @@ std::string config_fields_schema(const ConfigField (&fields)[N]) {
   std::string s;
   for (size_t i = 0; i < N; ++i) s += (i ? "," : "") + std::string(fields[i].name) + ":" + std::to_string(fields[i].bits);
   return s;
+}
+
+// ---- Enum export: config_schema() states each C++ enum by the names its definition gives (no list of names written
+// twice); torch_rtindex/_config.py checks the Python spelling against it at import.
+
+// The compiler's spelling of the template argument V inside its own signature (GCC and Clang alike): "... V =
+// ns::E::Name]" where V is an enumerator of E, "... V = (ns::E)7]" where it names none.
+template <typename E, E V>
+const char* enum_probe() {
+  return __PRETTY_FUNCTION__;
+}
+
+// The enumerator a probe names, in snake case ("BinarySearch" -> "binary_search", "OptiX" -> "optix", "UInt64" ->
+// "uint64"); "" where it names none (or a compiler spells probes otherwise: the import check then says so).
+inline std::string enumerator_name(const std::string& probe) {
+  const size_t at = probe.rfind("V = ");
+  if (at == std::string::npos) return "";
+  std::string arg = probe.substr(at + 4, probe.find_first_of("];", at) - at - 4);
+  if (arg.empty() || arg[0] == '(') return "";
+  arg = arg.substr(arg.rfind("::") + 2);  // npos + 2 == 0: an unqualified name stays whole
+  std::string name;
+  for (size_t i = 0; i < arg.size(); ++i) {
+    const auto c = static_cast<unsigned char>(arg[i]);
+    // A word starts at a capital between lower-case letters: an acronym's capitals stay one word.
+    if (i > 0 && i + 1 < arg.size() && std::isupper(c) && std::islower(static_cast<unsigned char>(arg[i - 1])) &&
+        std::islower(static_cast<unsigned char>(arg[i + 1])))
+      name += '_';
+    name += static_cast<char>(std::tolower(c));
+  }
+  return name;
+}
+
+template <typename E, int64_t... V>
+std::string enum_schema(std::integer_sequence<int64_t, V...>) {
+  const char* probes[] = {enum_probe<E, static_cast<E>(V)>()...};
+  std::string s;
+  for (size_t v = 0; v < sizeof...(V); ++v) {
+    const std::string name = enumerator_name(probes[v]);
+    if (!name.empty()) s += (s.empty() ? "" : ",") + name + "=" + std::to_string(v);
+  }
+  return s;
+}
+
+// "name=value,..." for every enumerator of E valued 0 .. 15 (the configuration fields are narrower).
+template <typename E>
+std::string enum_schema() {
+  return enum_schema<E>(std::make_integer_sequence<int64_t, 16>{});
 }
 
 // The scene fields starting at f[0] (kSceneFields order), checked.

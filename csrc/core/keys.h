@@ -17,8 +17,8 @@
 
 namespace rtindex {
 
-// The numbering is part of the operator schemas (an `int key_type` argument); torch_rtindex/_keys.py
-// holds the same table.
+// The numbering is part of the operator schemas (an `int key_type` argument); the extension exports it
+// (ops.cpp config_schema) and torch_rtindex/_config.py checks the Python spelling against it at import.
 enum class KeyType : int64_t {
   Int64 = 0,
   Int32 = 1,
