@@ -45,19 +45,6 @@ NOT_IMPLEMENTED: dict[tuple[str, str], str] = {
 
 # (class, check) -> "<branch>: <what>": cases failing today because of a gap that branch is closing.
 KNOWN_GAPS: dict[tuple[str, str], str] = {
-    ("RXIndex", "cuda_graph_capture"): "contract: NotImplementedError on CUDA-graph capture (RuntimeError today)",
-    ("ShardedIndex", "protocol"): "sharded: lookup_rows, memory, capturable, to/cpu (isinstance Index)",
-    ("ShardedIndex", "lookup_rows"): "sharded: ShardedIndex.lookup_rows(queries, miss_row=-1)",
-    ("ShardedIndex", "memory"): "sharded: ShardedIndex.memory()",
-    ("ShardedIndex", "capturable"): "sharded: ShardedIndex.capturable property",
-    ("ShardedIndex", "pickle"): "sharded: pickle / deepcopy / torch.save round trips (a ProcessGroup does not pickle)",
-    ("ShardedIndex", "not_implemented"): "sharded: to()/cpu()/cuda() raise NotImplementedError naming the alternative",
-    ("ShardedIndex", "same_batch_delete"): "sharded: a pair inserted and deleted by (key, row) in one batch (issue 41)",
-    ("ShardedIndex", "insert_rows"): "sharded: update(insert_keys, insert_rows, ...) and insert(keys, rows)",
-    ("ShardedIndex", "dtype_policy"): "sharded: queries converted by the dtype policy (int32 queries on int64)",
-    ("RXIndex", "capturable"): "contract: capturable is a property in index.py, a method on IndexBase",
-    ("CgRXIndex", "capturable"): "contract: capturable is a property in index.py, a method on IndexBase",
-    ("UpdatableCgRXIndex", "capturable"): "contract: capturable is a property in index.py, a method on IndexBase",
 }
 
 

@@ -340,8 +340,8 @@ class IndexBase:
             return
         name = type(self).__name__
         reason = self._capture_refusal()
-        if reason is not None:
-            raise RuntimeError(
+        if reason is not None:  # a form this class cannot have: NotImplementedError (a RuntimeError too)
+            raise NotImplementedError(
                 f"{name} lookups on CUDA cannot be captured in a CUDA graph (torch.cuda.graph, or torch.compile "
                 f"with mode='reduce-overhead'): {reason}"
             )

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._base import VALUE_DTYPES, IndexBase, _ops
+from .._base import VALUE_DTYPES, _ops, check_capacity
 from .._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from .build import Builder
@@ -327,19 +327,6 @@ class ChunkedIndex:
             raise TypeError(f"values must be int32, int64, float32 or float64, got {values.dtype}")
         return values.contiguous()
 
-    def _capacity(self, capacity: Any, device: torch.device) -> int:
-        """A capped form's capacity, checked before anything is allocated (an int, numpy integer or 0-d integer
-        tensor, as for :class:`CgRXIndex`, whose rows fit the queries' device)."""
-        capacity = int(IndexBase._capacity(capacity))
-        if device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-        else:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if capacity * 8 > total:
-            raise ValueError(f"capacity={capacity} row IDs take {capacity * 8} bytes, more than {device}'s "
-                             f"{total} bytes; pass a capacity of the rows you expect (the true total is returned)")
-        return capacity
-
     def lookup(self, queries: torch.Tensor) -> Lookup:
         """Point lookups: per query the smallest matching row ID (-1 on a miss) and the match count. The hot-key
         tier answers the hottest keys; the other queries go through the chunks."""
@@ -375,12 +362,12 @@ class ChunkedIndex:
 
     def lookup_all_capped(self, queries: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`lookup_all` cut to ``capacity`` row IDs plus the true total (see :class:`CappedMatches`)."""
-        capacity = self._capacity(capacity, queries.device if isinstance(queries, torch.Tensor) else self.device)
+        capacity = int(check_capacity(capacity, queries.device if isinstance(queries, torch.Tensor) else self.device))
         return capped(self._run("csr", queries, None), capacity)
 
     def range_capped(self, lo: torch.Tensor, hi: torch.Tensor, capacity: int) -> CappedMatches:
         """:meth:`range` cut to ``capacity`` row IDs plus the true total (see :class:`CappedMatches`)."""
-        capacity = self._capacity(capacity, lo.device if isinstance(lo, torch.Tensor) else self.device)
+        capacity = int(check_capacity(capacity, lo.device if isinstance(lo, torch.Tensor) else self.device))
         return capped(self._run("csr", lo, hi), capacity)
 
     def aggregate(self, queries: torch.Tensor, values: torch.Tensor) -> Aggregate:
