@@ -183,12 +183,13 @@ def values_for(num_rows: int, kind: str, seed: int) -> np.ndarray:
 
 
 def update_batches(ref: Multiset, key_type: str, seed: int, batches: int = 6, *, explicit_rows: bool = True,
-                   cancel_rows: bool = True):
+                   cancel_rows: bool = True, ascending_rows: bool = False):
     """Random update batches against the current multiset (consumed one at a time, the reference applied in
     between by the caller): each yields keyword arguments of ``update`` (numpy arrays or None). Mixes new keys,
     duplicates of present keys and edges; deletes of present keys, absent keys and keys of the same batch; by
     key or by (key, row); explicit row IDs (fresh, with gaps) or none; empty batches. ``explicit_rows=False``:
-    never explicit rows; ``cancel_rows=False``: no deletion by (key, row) of a pair the same batch inserts."""
+    never explicit rows; ``cancel_rows=False``: no deletion by (key, row) of a pair the same batch inserts;
+    ``ascending_rows``: explicit rows ascend in batch order (ShardedIndex's rule: fresh rows ascend across ranks)."""
     rng = np.random.default_rng(seed)
     for b in range(batches):
         mode = b % 6 if b < 6 else int(rng.integers(0, 6))
@@ -204,7 +205,7 @@ def update_batches(ref: Multiset, key_type: str, seed: int, batches: int = 6, *,
         fresh = np.arange(ref.next_row, ref.next_row + len(ik), dtype=np.int64)
         if explicit:
             fresh = ref.next_row + np.cumsum(rng.integers(1, 4, len(ik))).astype(np.int64) - 1
-            ir = rng.permutation(fresh)
+            ir = fresh if ascending_rows else rng.permutation(fresh)
         rows_of_ins = ir if explicit else fresh
         if mode == 0:  # empty batch
             yield {}

@@ -284,7 +284,8 @@ def _split_batch(batch: dict, world: int, rank: int) -> dict:
 def _updates(info, kind, key_type, seed, soft, *, explicit_rows: bool, cancel_rows: bool, batches: int = 7):
     idx, ref, contributed = _build(info, kind, key_type, seed)
     for i, batch in enumerate(update_batches(ref, key_type, seed=200 + seed, batches=batches,
-                                             explicit_rows=explicit_rows, cancel_rows=cancel_rows)):
+                                             explicit_rows=explicit_rows, cancel_rows=cancel_rows,
+                                             ascending_rows=True)):
         mine = _split_batch(batch, info.world, info.rank)
         args = {k: (_on(info, v) if k.endswith("keys") else torch.from_numpy(v).to(info.device))
                 for k, v in mine.items() if v is not None}
