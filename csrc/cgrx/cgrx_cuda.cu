@@ -132,9 +132,10 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
 // A warp's point lookups whose candidates are one line of aligned rows each (visit_matches' line path: unique
 // keys). The warp reads the lines together, four lanes a line and 16 bytes a lane, so one load instruction
 // reads eight whole lines: one L1 wavefront and one L2 request a line, where each lane reading its own line
-// issues four scattered 16-byte loads (32 wavefronts an instruction, two to four L2 requests a line). Every lane of
-// the warp calls it (it shuffles); `line` says whether this lane's query takes this path, its candidates being
-// line `at` (pairs 4 at .. 4 at + 3). Returns whether the lane's key matched, with the match's row in `row`.
+// issues four scattered 16-byte loads (a wavefront per lane and instruction, several L2 requests a line).
+// Every lane of the warp calls it (it shuffles); `line` says whether this lane's query takes this path, its
+// candidates being line `at` (pairs 4 at .. 4 at + 3). Returns whether the lane's key matched, with the
+// match's row in `row`.
 __device__ __forceinline__ bool warp_line_match(const Pairs& p, bool line, uint32_t at, uint64_t key, uint32_t& row) {
   constexpr unsigned kAll = 0xFFFFFFFFu;
   const unsigned lane = threadIdx.x & 31;
@@ -175,12 +176,12 @@ __device__ __forceinline__ bool warp_line_match(const Pairs& p, bool line, uint3
 // Counts over sorted pairs (range_count, a CSR's first pass) come from the positions of each range's ends
 // (count_in_range), not from visiting the matches. Point lookups over unique keys read their lines a warp at a
 // time (warp_line_match), so the loop runs warp-aligned: every lane of a warp takes as many turns as the others.
-// Four lines in flight per lane take more than the 48 registers ptxas aims at by default, where it spills: the
-// bound lets it use 64 (four blocks per SM instead of five).
+// Four lines in flight per lane take more registers than ptxas keeps by default, where it spills instead: the
+// bound lets it take more, for one block fewer per SM.
 template <KeyType T>
 __global__ void __launch_bounds__(kBlock, 4) search_kernel(LaunchParams p) {
   const bool positions = static_cast<ResultMode>(p.results.mode) == ResultMode::Count && !p.storage.use_nodes;
-  // (Lines are shuffled by a 32-bit index: the pairs' 4 * 2^32 lines cover every GPU's memory today.)
+  // Lines are shuffled by a 32-bit index, which covers the pairs of any GPU's memory today.
   const bool line_points = !positions && !p.storage.use_nodes && p.num_reps > 0 && (p.storage.pairs.n >> 34) == 0 &&
                            RadixTable(p.table).unique_keys();
   const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
