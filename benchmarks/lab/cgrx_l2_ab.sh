@@ -7,8 +7,8 @@
 #
 #   bash benchmarks/lab/cgrx_l2_ab.sh BEFORE_DIR [OTHER_DIR ...]
 #
-# BEFORE_DIR (and any OTHER_DIR): a library tree (torch_rtindex/ and csrc/, e.g. `git archive` of the branch point,
-# unpacked); the working tree is the last one measured ("current"). Each tree builds in its own folder under
+# BEFORE_DIR (and any OTHER_DIR, absolute or relative to the repository root): a library tree (torch_rtindex/ and
+# csrc/, e.g. `git archive` of the branch point, unpacked); the working tree is the last one measured ("current"). Each tree builds in its own folder under
 # .build/ab/ (git-ignored), side by side; no `pip install`: PYTHONPATH picks the tree. The bench scripts are the
 # working tree's for every tree. ROUNDS (default 3) alternating rounds; BUDGET_S (default 470) stops starting
 # rounds after that many seconds. Logs and JSON go under $OUT (the device call's folder) or /tmp/cgrx_l2_ab.
