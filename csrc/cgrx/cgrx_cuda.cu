@@ -142,20 +142,25 @@ __device__ __forceinline__ bool warp_line_match(const Pairs& p, bool line, uint3
   row = 0;
   const unsigned lines = __ballot_sync(kAll, line);
   if (lines == 0) return false;
-  // Round r reads the lines of lanes 8r .. 8r + 7: lane l reads pair l % 4 of lane 8r + l / 4's line.
+  // Round r reads the lines of lanes 8r .. 8r + 7: lane l reads pair l % 4 of lane 8r + l / 4's line. The loads
+  // are unconditional (a lane without a line reads the first pair: one line for them all) and all issued before
+  // any compare, so that the four rounds' lines are in flight together.
+  Quad v[4];
+  unsigned long long k[4];
+#pragma unroll
+  for (unsigned r = 0; r < 4; ++r) {
+    const unsigned src = 8 * r + (lane >> 2);
+    const uint32_t a = __shfl_sync(kAll, at, src);
+    k[r] = __shfl_sync(kAll, static_cast<unsigned long long>(key), src);
+    v[r] = load_streamed_quad(p.data + ((lines >> src) & 1u ? 16 * uint64_t(a) + 4 * (lane & 3) : 0));
+  }
   bool match[4];
   uint32_t rows[4];
 #pragma unroll
   for (unsigned r = 0; r < 4; ++r) {
     const unsigned src = 8 * r + (lane >> 2);
-    const uint32_t a = __shfl_sync(kAll, at, src);
-    const unsigned long long k = __shfl_sync(kAll, static_cast<unsigned long long>(key), src);
-    // Unconditional loads (a lane without a line reads the first pair: one line for them all), so that the
-    // four rounds' loads are issued together instead of each after the one before has been compared.
-    const bool has = (lines >> src) & 1u;
-    const Quad v = load_streamed_quad(p.data + (has ? 16 * uint64_t(a) + 4 * (lane & 3) : 0));
-    match[r] = has && (uint64_t(v.word[0]) | (uint64_t(v.word[1]) << 32)) == k;
-    rows[r] = p.spare_rows ? v.word[3] : v.word[2];
+    match[r] = ((lines >> src) & 1u) && (uint64_t(v[r].word[0]) | (uint64_t(v[r].word[1]) << 32)) == k[r];
+    rows[r] = p.spare_rows ? v[r].word[3] : v[r].word[2];
   }
   // Lane t's line was read in round t / 8 by lanes 4 (t % 8) .. 4 (t % 8) + 3; with unique keys one matched at most.
   bool found = false;
@@ -174,15 +179,37 @@ __device__ __forceinline__ bool warp_line_match(const Pairs& p, bool line, uint3
 // The radix-table and binary-search backends: one thread per query, grid-stride. The binary search is the
 // reference the other backends are checked against; node chains (the updatable index) also take this kernel.
 // Counts over sorted pairs (range_count, a CSR's first pass) come from the positions of each range's ends
-// (count_in_range), not from visiting the matches. Point lookups over unique keys read their lines a warp at a
-// time (warp_line_match), so the loop runs warp-aligned: every lane of a warp takes as many turns as the others.
-// Four lines in flight per lane take more registers than ptxas keeps by default, where it spills instead: the
-// bound lets it take more, for one block fewer per SM.
+// (count_in_range), not from visiting the matches.
 template <KeyType T>
-__global__ void __launch_bounds__(kBlock, 4) search_kernel(LaunchParams p) {
+__global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
+  const bool radix = static_cast<Backend>(p.backend) == Backend::Radix;
   const bool positions = static_cast<ResultMode>(p.results.mode) == ResultMode::Count && !p.storage.use_nodes;
+  const auto range = [&](uint64_t i, uint64_t& lo, uint64_t& hi) { p.queries.range_as<T>(i, lo, hi); };
+  const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
+  const auto serve = [&](uint64_t q, auto&& finder) {
+    if (!positions) return answer_query(p, q, finder, range);
+    uint64_t lo, hi;
+    range(q, lo, hi);
+    store_once(p.results.count + q,
+               static_cast<int64_t>(count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, finder)));
+  };
+  for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q < p.num_queries; q += uint64_t(gridDim.x) * blockDim.x) {
+    if (radix)
+      serve(q, RadixSearch{});
+    else
+      serve(q, find);
+  }
+}
+
+// Point lookups (no `hi`) over the aligned rows of sorted pairs, not counted by positions (Launch::run picks it):
+// search_kernel's answers, with a warp's lines read together (warp_line_match) where the keys are unique, so the
+// loop runs warp-aligned: every lane of a warp takes as many turns as the others. Four lines in flight per lane
+// take more registers than ptxas keeps by default, where it spills instead: the bound lets it take more, for one
+// block fewer per SM.
+template <KeyType T>
+__global__ void __launch_bounds__(kBlock, 4) point_lines_kernel(LaunchParams p) {
   // Lines are shuffled by a 32-bit index, which covers the pairs of any GPU's memory today.
-  const bool line_points = !positions && !p.storage.use_nodes && p.num_reps > 0 && (p.storage.pairs.n >> 34) == 0 &&
+  const bool line_points = !p.storage.use_nodes && p.num_reps > 0 && (p.storage.pairs.n >> 34) == 0 &&
                            RadixTable(p.table).unique_keys();
   const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
   const auto serve_all = [&](auto&& finder) {
@@ -192,12 +219,6 @@ __global__ void __launch_bounds__(kBlock, 4) search_kernel(LaunchParams p) {
       const bool active = q < p.num_queries;
       uint64_t lo = 0, hi = 0;
       if (active) p.queries.range_as<T>(q, lo, hi);
-      if (positions) {
-        if (active)
-          store_once(p.results.count + q,
-                     static_cast<int64_t>(count_in_range(p.storage, p.reps, p.num_reps, p.table, lo, hi, finder)));
-        continue;
-      }
       uint64_t begin = 0, end = 0;
       bool line = false;
       if (active && line_points && lo == hi) {
@@ -309,8 +330,12 @@ struct Launch {
         launch.attrs = &window;
         launch.numAttrs = 1;
       }
+      // Point lookups over aligned rows may read their lines a warp at a time (point_lines_kernel).
+      const bool point_lines = !positions && p.queries.hi == nullptr && !p.storage.use_nodes &&
+                               static_cast<Layout>(p.storage.pairs.layout) == Layout::AlignedRow;
       with_query_type(p.queries.key_type, [&](auto t) {
-        C10_CUDA_CHECK(cudaLaunchKernelEx(&launch, search_kernel<decltype(t)::value>, k));
+        constexpr KeyType T = decltype(t)::value;
+        C10_CUDA_CHECK(cudaLaunchKernelEx(&launch, point_lines ? point_lines_kernel<T> : search_kernel<T>, k));
       });
       return;
     }
