@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.append(str(Path(__file__).resolve().parent.parent))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 from rx_bench import git_commit, sa_lookup, sorted_array, timed, write_json  # noqa: E402
 
 from torch_rtindex import UpdatableCgRXIndex  # noqa: E402

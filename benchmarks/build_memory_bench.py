@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 import torch_rtindex  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 

@@ -15,19 +15,15 @@ benchmarks/results/<GPU name>/chunked_k<log keys>_<commit>.json (or the folder -
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import math
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 from rx_bench import git_commit, write_json  # noqa: E402  (same folder)
 
@@ -60,22 +56,6 @@ def run_timed(fn, dev: torch.device, repeats: int, warmup: int = 1, keep: list |
     return times[len(times) // 2], out
 
 
-@contextlib.contextmanager
-def switched(**settings):
-    """torch_rtindex.chunked's module settings (its switches and windows) set for a block and restored after it:
-    the probes' A/B variants of the library."""
-    from torch_rtindex import chunked
-
-    saved = {k: getattr(chunked, k) for k in settings}
-    try:
-        for k, v in settings.items():
-            setattr(chunked, k, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(chunked, k, v)
-
-
 class GcTimer:
     """Python's garbage collections while it is installed (gc.callbacks): how many of each generation and their
     milliseconds, read and zeroed by take(). A full collection walks every object of the process (torch's alone are
@@ -97,101 +77,6 @@ class GcTimer:
         self.counts, self.ms = [0, 0, 0], 0.0
         return out
 
-    def timed(self, fn: Callable, sync: Callable) -> tuple:
-        """(fn(), its wall milliseconds), the device synchronized before and after and the collections before it
-        forgotten (take() then reads those during it)."""
-        sync()
-        self.take()
-        t0 = time.perf_counter()
-        out = fn()
-        sync()
-        return out, (time.perf_counter() - t0) * 1e3
-
-
-def add_tier_probe_args(ap: argparse.ArgumentParser, zipf: float, batches: int, device: bool = False) -> None:
-    """The options of the probes over a given hot tier (tier_probe; device: also --chunk-mib and --device, for
-    tier_probe_on_device)."""
-    ap.add_argument("--log-keys", type=int, default=30)
-    ap.add_argument("--log-lookups", type=int, default=27)
-    ap.add_argument("--zipf", type=float, default=zipf)
-    ap.add_argument("--hot-keys", type=int, default=1 << 26)
-    ap.add_argument("--batches", type=int, default=batches, help="fresh Zipf batches")
-    ap.add_argument("--bucket-size", type=int, default=16, help="ChunkedIndex(bucket_size=...)")
-    if device:
-        ap.add_argument("--chunk-mib", type=float, default=256.0)
-        ap.add_argument("--device", default="cuda", help="cpu: a smoke test (tiny sizes)")
-
-
-def tier_probe(a: argparse.Namespace, dev: torch.device, **index_kw) -> tuple[ChunkedIndex, list[torch.Tensor]]:
-    """The probes' setup: an index of 2^log_keys uniform keys with gpu_budget a quarter of its bytes, its tier given
-    the law's hottest keys, and the batches (Zipf over shuffled keys) on dev."""
-    n = 1 << a.log_keys
-    keys = make_keys(n, dev)
-    index_kw = {"bucket_size": a.bucket_size, **index_kw}
-    probe = ChunkedIndex(keys[: 1 << 16], device=dev, gpu_budget=0, **index_kw)
-    per_key = sum(c["bytes"] for c in probe.chunk_info()) / (1 << 16)
-    index = ChunkedIndex(keys, device=dev, gpu_budget=int(n * per_key / 4), hot_keys=a.hot_keys, progress=False,
-                         **index_kw)
-    index.warm(keys.index_select(0, rank_positions(torch.arange(index.hot_capacity_given), n)).to(dev))
-    gen = torch.Generator().manual_seed(7)
-    batches = [keys.index_select(0, zipf_positions(n, 1 << a.log_lookups, a.zipf, gen)).to(dev)
-               for _ in range(a.batches)]
-    return index, batches
-
-
-def tier_probe_on_device(a: argparse.Namespace) -> tuple[ChunkedIndex, list[torch.Tensor], torch.device, Callable]:
-    """The setup of the probes that also run on the CPU (their --chunk-mib and --device options, add_tier_probe_args
-    with device=True): (index, batches, device, synchronize) after one calibrating batch, with a header printed."""
-    dev = torch.device(a.device)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    index, batches = tier_probe(a, dev, chunk_bytes=int(a.chunk_mib * (1 << 20)))
-    index.lookup(batches[0])  # calibration before any timing
-    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
-    print(f"{name}: 2^{a.log_keys} keys, {index.num_chunks} chunks, tier {index.stats()['hot_keys']} keys, "
-          f"Zipf {a.zipf}, 2^{a.log_lookups} lookups, {torch.get_num_threads()} threads", flush=True)
-    return index, batches, dev, sync
-
-
-def tier_passes(index: ChunkedIndex, qlo: torch.Tensor, k: int, stream, span=None) -> list[tuple]:
-    """The tier's lookups of the ordered queries ``qlo`` in k slices, all queued at once on ``stream`` (CUDA: after
-    the current stream's work; None on the CPU): per slice (start, end, first row, count, event after its pass or
-    None). ``span(i)``, where given, is called before slice i's pass and returns what to call after it."""
-    from torch_rtindex.chunked import _Batch  # the probes' internals, not the bench's
-
-    D, n = qlo.device, qlo.numel()
-    view = index._tier_view(D)
-    out = []
-    if stream is not None:
-        stream.wait_stream(torch.cuda.current_stream(D))
-    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-        for i in range(k):
-            a, b = n * i // k, n * (i + 1) // k
-            end = span(i) if span is not None else None
-            _, f, c = index._answer(view, _Batch("lookup", qlo[a:b], None, None, D, None), qlo[a:b], None, D)
-            if end is not None:
-                end()
-            ev = None
-            if stream is not None:
-                ev = torch.cuda.Event()
-                ev.record(stream)
-            out.append((a, b, f, c, ev))
-    return out
-
-
-def run_tasks(index: ChunkedIndex, lo: torch.Tensor) -> list:
-    """The queues of a batch sorted by key (``lo``: ordered keys in the chunks' order) as the library cuts them
-    (``ChunkedIndex._run_ends``): a task per chunk with queries, over lo[start : start + size]."""
-    from torch_rtindex.chunked import _Task  # the probes' internals, not the bench's
-
-    ends = index._run_ends(lo)
-    return [_Task(c, a, b - a, False, True) for c, a, b in zip(index._chunks, [0, *ends[:-1]], ends) if b > a]
-
-
-def stages_ms(time_s: dict) -> str:
-    """A batch's nonzero stage seconds (``stats()["last_batch"]["time_s"]``) in milliseconds, as the probes print."""
-    return " ".join(f"{k} {v * 1e3:.2f}" for k, v in time_s.items() if v)
-
-
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
     """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
     law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the
@@ -212,6 +97,17 @@ def rank_positions(rank: torch.Tensor, n: int) -> torch.Tensor:
     if n & (n - 1) == 0:
         return (rank * (ODD % n if n > 1 else 1) + 12345) & (n - 1)
     return (rank * 2654435761 + 12345) % n
+
+
+def chunk_bounds(info: list[dict]) -> torch.Tensor:
+    """The int64 keys where chunks 1.. start, from ``chunk_info()``: a chunk's ``lo`` is its first ordered key, which
+    for int64 keys is the key with its sign bit flipped (the 64-bit pattern, in an int64)."""
+    return torch.tensor([c["lo"] for c in info[1:]], dtype=torch.int64) ^ -(2**63)
+
+
+def chunk_of(keys: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
+    """The chunk holding each int64 key (chunks are consecutive key ranges)."""
+    return torch.searchsorted(bounds, keys, right=True)
 
 
 def make_keys(n: int, dev: torch.device) -> torch.Tensor:
@@ -317,7 +213,9 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(7)
     floor_rate = args.pcie_gbs * 1e9
-    sizes = [c["bytes"] for c in index.chunk_info()]
+    info = index.chunk_info()
+    sizes = [c["bytes"] for c in info]
+    bounds = chunk_bounds(info)
     result["zipf_floor"] = []
     for log_m in batches:
         m = 1 << log_m
@@ -406,8 +304,7 @@ def main() -> None:
                 ms = mid["ms"]
                 served = max(1, mid["queries_gpu"] + mid["queries_cpu"])
                 # the lower bound of the copies: bytes of the chunks the batch needs beyond what the cache can hold
-                qm = keys.index_select(0, pos_all[-1]).to(dev)
-                touched = torch.bincount(index._chunk_of(torch.ops.rtindex.map_keys(qm, 0)), minlength=index.num_chunks)
+                touched = torch.bincount(chunk_of(keys.index_select(0, pos_all[-1]), bounds), minlength=len(sizes))
                 floor_ms = max(0, sum(b for b, t in zip(sizes, touched.tolist()) if t) - budget) / floor_rate * 1e3
                 run = {
                     "mode": mode, "dist": dist, "log_lookups": log_m, "ms": ms, "glookups_s": m / ms / 1e6,

@@ -10,14 +10,12 @@ answers are checked against a CgRXIndex built over the final pairs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 from chunked_bench import make_keys, sync  # noqa: E402  (same folder)
 from rx_bench import cpu_name, git_commit, write_json  # noqa: E402

@@ -15,12 +15,10 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 import torch_rtindex  # noqa: E402
 from rx_bench import cpu_name, git_commit, write_json  # noqa: E402
 

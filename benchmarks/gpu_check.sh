@@ -19,26 +19,14 @@
 #                                           # index fits its GPU for the comparison), uniform and Zipf 1.2
 #   bash benchmarks/gpu_check.sh chunked_hot  # out of core, 2^30 keys, Zipf batches: a tier of 2^26 keys learned
 #                                           # against the same tier given the law's hottest keys (warm)
-#   bash benchmarks/gpu_check.sh overlap    # out of core, given tier, Zipf 1.2 2^27: the tier pass in slices overlapped
-#                                           # with the misses' serving (tier_overlap_probe.py), against the library's batch
-#   bash benchmarks/gpu_check.sh lean       # out of core, given tier, Zipf 1.2 2^27: the misses served with the least host
-#                                           # work (lean_miss_probe.py), in 1 / 2 / 4 slices, against the library's batch
-#   bash benchmarks/gpu_check.sh bound      # out of core, given tier, Zipf 1.2 2^27: in core, the tier pass, the selection,
-#                                           # the misses in place and on the CPU over subsets and splits, the pass and
-#                                           # the misses overlapped (miss_bound_probe.py): the batch's floor
-#   bash benchmarks/gpu_check.sh pipeline   # out of core, given tier, Zipf 1.2 2^27: the batch partitioned by chunk first, each
-#                                           # chunk's misses read while the next segments' tier pass runs (chunk_pipeline_probe.py)
-#   bash benchmarks/gpu_check.sh tier_profile  # out of core, given tier, Zipf 1.2 2^27: the batch kernel by kernel, the tier
-#                                           # pass alone, heads of the hottest keys tried first, a hash table (tier_profile_probe.py)
 #   bash benchmarks/gpu_check.sh uniform27  # out of core, 2^30 keys, the chunked stage's configuration: six uniform 2^27
-#                                           # batches only, against the in-core index (the planner's CPU share; ~3 min)
-#   bash benchmarks/gpu_check.sh merge      # out of core, given tier, Zipf 0.99 2^27: ten batches with their stage
-#                                           # times, allocations, garbage collections and the merge's stack samples (merge_probe.py)
+#                                           # batches, the hybrid against the GPU alone on the same batches and the
+#                                           # in-core index (issue 44's copy-floor target; ~4 min)
 #   bash benchmarks/gpu_check.sh updates    # out-of-core updates: node vs read-only chunks
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
 #   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
-#   bash benchmarks/gpu_check.sh bound      # 2+ GPUs: sharded_bound_probe.py twice (a rank's lookups, exchange
+#   bash benchmarks/gpu_check.sh sharded_bound  # 2+ GPUs: lab/sharded_bound_probe.py twice (a rank's lookups, exchange
 #                                           # and routing with no dependencies, against the 1.7x budget)
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
@@ -51,7 +39,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # Unbuffered, so that a stage cut by a `timeout` still leaves the lines it printed in its log.
 export PYTHONUNBUFFERED=1
 # The benchmarks' own JIT extensions (hash table, gather floor) build in the build folder too (baselines/), so a
-# warm machine reuses them, under the package's build lock: a build killed by a `timeout` blocks no later one.
+# warm machine reuses them, under a build lock: a build killed by a `timeout` blocks no later one.
 # "-dirty": the tree is not that commit (the device machine's copy can carry a stale .git: pass RTINDEX_COMMIT).
 commit="${RTINDEX_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
 export RTINDEX_COMMIT="$commit"
@@ -122,41 +110,11 @@ case "${1:-}" in
         --hot-keys 67108864 --hot-given --modes chunked,hot_given --repeats 2 --train-batches 2 --out "$out"
       echo "rc=$?"; } 2>&1 | log "chunked_hot_$commit.log"
     ;;
-  overlap)
-    { header "out of core, the tier pass overlapped with the misses"
-      timeout 560 python3 benchmarks/tier_overlap_probe.py --slices 1,2,4,8
-      echo "rc=$?"; } 2>&1 | log "tier_overlap_$commit.log"
-    ;;
-  lean)
-    { header "out of core, the misses' serving with the least host work, in slices"
-      timeout 560 python3 benchmarks/lean_miss_probe.py --slices 1,2,4 --cpu-shares auto,0.27 --batches 3 --library-switch GROUP_CACHED
-      echo "rc=$?"; } 2>&1 | log "lean_miss_$commit.log"
-    ;;
-  bound)
-    { header "out of core, given tier, Zipf 1.2 2^27: the batch's floor stage by stage, against in core"
-      timeout 560 python3 benchmarks/miss_bound_probe.py --batches 2 --repeats 3
-      echo "rc=$?"; } 2>&1 | log "miss_bound_$commit.log"
-    ;;
-  pipeline)
-    { header "out of core, the tier pass by chunk overlapped with each chunk's misses"
-      timeout 560 python3 benchmarks/chunk_pipeline_probe.py
-      echo "rc=$?"; } 2>&1 | log "chunk_pipeline_$commit.log"
-    ;;
-  tier_profile)
-    { header "out of core, where a given-tier Zipf batch spends its time"
-      timeout 560 python3 benchmarks/tier_profile_probe.py --heads 16,18,20,22,24
-      echo "rc=$?"; } 2>&1 | grep --line-buffered -v "ChunkedIndex build" | log "tier_profile_$commit.log"
-    ;;
   uniform27)
     { header "out of core, uniform 2^27"
       timeout 500 python3 benchmarks/chunked_bench.py --log-keys 30 --log-lookups 27 --zipf "" --repeats 6 \
-        --train-batches 2 --modes chunked,in_core --out "$out/uniform27"  # its own folder: chunked_hot writes the same JSON name
+        --train-batches 2 --modes chunked,gpu_only,in_core --out "$out/uniform27"  # its own folder: chunked_hot writes the same JSON name
       echo "rc=$?"; } 2>&1 | log "chunked_uniform27_$commit.log"
-    ;;
-  merge)
-    { header "out of core, merge stalls"
-      timeout 560 python3 benchmarks/merge_probe.py --batches 10 --profiled 0
-      echo "rc=$?"; } 2>&1 | log "merge_probe_$commit.log"
     ;;
   updates)
     { header "out-of-core updates"
@@ -189,15 +147,15 @@ case "${1:-}" in
         echo "rc=$? (world $w)"
       done; } 2>&1 | log "sharded_scaling_$commit.log"
     ;;
-  bound)
+  sharded_bound)
     { header "sharded bound, $(nvidia-smi -L | wc -l) GPUs"
       for r in 1 2; do
-        torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_bound_probe.py --out-dir "$out/bound_r$r"
+        torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/lab/sharded_bound_probe.py --out-dir "$out/bound_r$r"
       done
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|overlap|lean|pipeline|tier_profile|uniform27|merge|updates|sharded|scaling|bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound" >&2
     exit 2
     ;;
 esac

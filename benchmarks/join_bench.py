@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 from rx_bench import cpu_name, git_commit, results_dir  # noqa: E402  (same folder; puts the repository on sys.path)
 
 import torch_rtindex  # noqa: E402

@@ -9,19 +9,14 @@ benchmarks/results/<device>/.
 from __future__ import annotations
 
 import argparse
-import json
-import re
-import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: an A/B names its tree there
+# this checkout first on sys.path; the other benches import these helpers from here too
+from _common import cpu_name, git_commit, results_dir, write_json  # noqa: F401
 import torch_rtindex  # noqa: E402
 from torch_rtindex import RXIndex  # noqa: E402
 
@@ -119,44 +114,6 @@ def sa_range(sa: SortedArray, lo: torch.Tensor, hi: torch.Tensor, chunk: int = 1
         rows = torch.where(inside, sa.rows[idx.clamp(max=sa.keys.numel() - 1)], torch.iinfo(torch.int64).max)
         first[i : i + step] = torch.where(count[i : i + step] > 0, rows.min(dim=1).values, -1)
     return first, count
-
-
-def results_dir(device_name: str) -> Path:
-    """benchmarks/results/<device>: one folder per GPU, so timings are only ever compared on the same one."""
-    return Path(__file__).parent / "results" / re.sub(r"[^A-Za-z0-9_.-]+", "_", device_name).strip("_")
-
-
-def write_json(result: dict, name: str, out: str | None = None) -> Path:
-    """Writes one benchmark's result as <out or results_dir(device)>/<name>.json and says where."""
-    folder = Path(out) if out else results_dir(result["device"])
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
-    return path
-
-
-def cpu_name() -> str:
-    """The host processor's model name (benchmarks that run on the CPU name it in their results)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine() or "CPU"
-
-
-def git_commit() -> str:
-    if os.environ.get("RTINDEX_COMMIT"):  # the device machine's copy may have no .git, or a stale one
-        return os.environ["RTINDEX_COMMIT"]
-    try:  # "-dirty": the tree is not that commit (a stale .git on the device machine reads so too)
-        return subprocess.check_output(["git", "describe", "--always", "--dirty", "--abbrev=7"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
 
 
 def main() -> None:

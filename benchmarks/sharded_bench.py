@@ -31,7 +31,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # rx_bench (same folder)
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -39,7 +39,7 @@ import torch.distributed as dist  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 
 from torch_rtindex import CgRXIndex  # noqa: E402
-from torch_rtindex.distributed import ShardedIndex, no_multicast_env, spawn  # noqa: E402
+from torch_rtindex.distributed import PointRouting, ShardedIndex, no_multicast_env, spawn  # noqa: E402
 
 NVLINK_BYTES_PER_S = 370e9
 STAGES = ("check", "partition", "exchange", "local", "return", "scatter")
@@ -64,7 +64,7 @@ def parse(argv=None):
     ap.add_argument("--nccl-max-ctas", type=int, default=None,
                     help="under torchrun: NCCL's CTAs per collective at most (fewer SMs taken from the lookups)")
     ap.add_argument("--min-chunk-queries", type=int, default=None,
-                    help="override sharded.MIN_CHUNK_QUERIES (e.g. 1: small runs exercise the pipelined path too)")
+                    help="PointRouting.min_chunk_queries (e.g. 1: small runs exercise the pipelined path too)")
     ap.add_argument("--trace", action="store_true",
                     help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
@@ -199,7 +199,8 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     parts = [keys_for(r, n, dev, 1) for r in range(world)] if rank == 0 else None
     mine = parts[rank] if parts is not None else keys_for(rank, n, dev, 1)
     t = time.perf_counter()
-    idx = ShardedIndex(mine, index_factory=factory, pipeline=1)  # "lookup": the stages one by one
+    routing = PointRouting(min_chunk_queries=a.min_chunk_queries) if a.min_chunk_queries is not None else None
+    idx = ShardedIndex(mine, index_factory=factory, pipeline=1, point_routing=routing)  # "lookup": stages one by one
     sync(dev)
     build_s = slowest(time.perf_counter() - t, dev)
     gq = torch.Generator(device=dev).manual_seed(77 + rank)
@@ -288,7 +289,7 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     # Ranges of h hits over dense keys: the keys 0 .. N-1 dealt out at random; ranges [k, k + h - 1].
     N = n * world
     perm = torch.randperm(N, generator=torch.Generator(device=dev).manual_seed(5), device=dev)
-    idx = ShardedIndex(perm[rank * n:(rank + 1) * n].contiguous(), index_factory=factory)
+    idx = ShardedIndex(perm[rank * n:(rank + 1) * n].contiguous(), index_factory=factory, point_routing=routing)
     single = CgRXIndex(perm, backend=a.backend) if rank == 0 else None
     del perm
     gr = [torch.Generator(device=dev).manual_seed(99 + r) for r in range(world)]
@@ -368,10 +369,6 @@ def table(rows: list[dict]) -> str:
 def bench(rank: int, world: int, argv: list[str]) -> None:
     a = parse(argv)
     dev = torch.device("cuda", torch.cuda.current_device()) if a.device == "cuda" else torch.device("cpu")
-    if a.min_chunk_queries is not None:
-        from torch_rtindex.distributed import sharded
-
-        sharded.MIN_CHUNK_QUERIES = a.min_chunk_queries
     l2 = 0
     if a.reserve_l2 and dev.type == "cuda":
         from torch_rtindex import reserve_l2

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.append(str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 import torch_rtindex  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 
@@ -103,7 +102,6 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
 
     cuda = dev.type == "cuda"
     ix = torch_rtindex.CgRXIndex(keys)
-    op = ix._forms["lookup"]
     sorted_keys = torch.sort(keys)[0]
     for lq in log_queries:
         q = keys[: 1 << lq].clone()
@@ -116,8 +114,6 @@ def breakdown(dev: torch.device, keys: torch.Tensor, log_queries: list[int]) -> 
             "torch.searchsorted (left + right)": lambda: (torch.searchsorted(sorted_keys, q),
                                                           torch.searchsorted(sorted_keys, q, right=True)),
             "torch.ops overload of searchsorted": lambda: torch.ops.aten.searchsorted.Tensor(sorted_keys, q),
-            "the lookup operator alone": lambda: op(*ix._lead, ix._cfg, q, None),
-            "the bound call (CgRXIndex._bound)": lambda: ix._bound.lookup(q),
             "CgRXIndex.lookup": lambda: ix.lookup(q),
             "CgRXIndex.lookup_rows": lambda: ix.lookup_rows(q),
         }

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import torch
 
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 from rx_bench import build_timed, cpu_name, git_commit, make_keys, results_dir, sa_lookup, sa_range, sorted_array, timed  # noqa: E402  (same folder)
 import append_bench  # noqa: E402
 import update_bench  # noqa: E402

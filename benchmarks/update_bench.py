@@ -14,6 +14,7 @@ import argparse
 
 import torch
 
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
 from rx_bench import git_commit, sa_lookup, sorted_array, timed, write_json  # noqa: E402  (same folder)
 
 import torch_rtindex  # noqa: E402

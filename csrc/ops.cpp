@@ -56,6 +56,23 @@ void set_program_path(std::string name, std::string path) {
 #endif
 }
 
+void set_optix_disk_cache(std::string path) {
+#if RTINDEX_WITH_CUDA
+  rtindex::optix::set_disk_cache(path);
+#else
+  (void)path;
+#endif
+}
+
+std::string optix_disk_cache(int64_t device) {
+#if RTINDEX_WITH_CUDA
+  return rtindex::optix::disk_cache(static_cast<int>(device));
+#else
+  (void)device;
+  TORCH_CHECK(false, "torch_rtindex was built without CUDA, so OptiX is not available");
+#endif
+}
+
 // OptiX launches cannot be captured in a CUDA graph (benchmarks/optix_capture_probe.py: every variant tried
 // broke the capture or the context), so the operators that launch them are tagged for torch.compile: with
 // mode="reduce-overhead" Inductor partitions its CUDA graphs around them instead of failing.
@@ -215,6 +232,10 @@ TORCH_LIBRARY(rtindex_internal, m) {
         "int[] sizes, int[] bases, int window=0) -> (Tensor first_row, Tensor count)");
   // Where the JIT build left the OptiX programs, and the configuration schema _config.py checks.
   m.def("set_program_path(str name, str path) -> ()", &set_program_path);
+  // OptiX's disk cache of compiled modules and pipelines: where new device contexts keep it, and where a
+  // device's context does ("" where it is off).
+  m.def("set_optix_disk_cache(str path) -> ()", &set_optix_disk_cache);
+  m.def("optix_disk_cache(int device) -> str", &optix_disk_cache);
   // The persisting-L2 set-aside of a CUDA device (bytes granted); radix lookups keep their table there.
   m.def("reserve_l2(int device, int bytes) -> int", &reserve_l2);
   m.def("config_schema() -> str", &config_schema);

@@ -3,9 +3,9 @@
 A toy click model: every sample is a bag of raw item IDs (random 64-bit values, as hashed features are);
 IdToRow maps them to the rows of an nn.EmbeddingBag (unknown IDs to a shared out-of-vocabulary row), a
 linear layer scores the pooled embedding, and a few SGD steps fit random labels. The forward pass and the
-loss, IdToRow's RX lookup included, are one graph compiled with torch.compile(fullgraph=True); backward runs
-the graph AOTAutograd compiled alongside it, and the optimizer step stays eager. Runs on CUDA when
-available, else on the CPU.
+loss, IdToRow's lookup included (a CgRXIndex, its default), are one graph compiled with
+torch.compile(fullgraph=True); backward runs the graph AOTAutograd compiled alongside it, and the optimizer
+step stays eager. Runs on CUDA when available, else on the CPU.
 
     python3 examples/embedding_bag.py
 """

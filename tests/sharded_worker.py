@@ -1,4 +1,5 @@
-"""What every rank of the sharded-index tests runs (tests/test_sharded.py starts the processes).
+"""What every rank of the sharded-index tests runs (tests/test_sharded.py calls the entries below through
+tests/dist_harness.py, one pytest case each).
 
 Every rank generates every rank's keys from one seed, so each can compute the answers of an independent
 reference (tests/reference.py: numpy over the concatenated original keys) for its own queries. Checks record
@@ -10,6 +11,7 @@ runs it and what it raised (to stderr, flushed), so that a rank that stops in a 
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import os
 import sys
@@ -21,8 +23,15 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference
 
 from torch_rtindex import CgRXIndex, ChunkedIndex, IdToRow
-import torch_rtindex.distributed.sharded as sharded
-from torch_rtindex.distributed import ShardedIndex, ShardedIndexError
+from torch_rtindex.distributed import PointRouting, ShardedIndex, ShardedIndexError
+from torch_rtindex.distributed.points import own_in_place
+
+
+def routing(world: int) -> PointRouting:
+    """The point routing of the checks: chunks of any size (the test batches are small: pipelined calls split
+    them anyway); the own queries in place (a GPU's choice at two ranks) also on gloo in groups of two, so that
+    the 2-rank groups check that path, the larger ones the own pieces and the exchange."""
+    return PointRouting(min_chunk_queries=1, own_queries="in_place" if world <= 2 else "routed")
 
 
 class Checker:
@@ -120,7 +129,7 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     allk = torch.cat(parts)
     mine = parts[rank].to(device)
     kt = key_type if key_type == "uint64" else None
-    idx = ShardedIndex(mine, key_type=kt, sample_size=64, group=group)
+    idx = ShardedIndex(mine, key_type=kt, sample_size=64, group=group, point_routing=routing(world))
     ck.ok(len(idx) == allk.numel(), "len")
     # The default shard (cgRX over aligned pairs where the radix table searches) answers in global rows itself.
     spare = idx.local_index.layout == "aligned_row"
@@ -129,7 +138,7 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     import torch.distributed as dist
 
     sizes: list = [None] * world
-    dist.all_gather_object(sizes, idx.local_len(), group=group)
+    dist.all_gather_object(sizes, idx.local_len, group=group)
     ck.ok(sum(sizes) == allk.numel(), f"shard sizes {sizes} do not add up to {allk.numel()}")
     if "dup" not in name:
         ck.ok(max(sizes) <= 1.5 * allk.numel() / world + 8, f"unbalanced shards {sizes}")
@@ -149,21 +158,19 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     r = idx.lookup(qd)
     ck.eq(r.first_row, first, "pipelined lookup first_row")
     ck.eq(r.count, count, "pipelined lookup count")
-    ck.ok(idx.stats()["pipelined"] == 3, "pipelined lookup ran in 3 chunks")  # run() lowered the threshold
-    small = sharded.MIN_CHUNK_QUERIES
-    sharded.MIN_CHUNK_QUERIES = 1 << 20  # the default: a batch this small is not split, whatever the setting
-    r = idx.lookup(qd)
-    ck.ok(idx.stats()["pipelined"] == 1, "a small batch ran in one chunk at the default threshold")
-    ck.eq(r.first_row, first, "small batch at the default threshold first_row")
-    sharded.MIN_CHUNK_QUERIES = small
+    ck.ok(idx.stats()["pipelined"] == 3, "pipelined lookup ran in 3 chunks")  # routing() lowered the threshold
     idx.pipeline = 1
+    default = ShardedIndex(mine, key_type=kt, sample_size=64, group=group, pipeline=3)
+    r = default.lookup(qd)  # the default threshold: a batch this small is not split, whatever the setting
+    ck.ok(default.stats()["pipelined"] == 1, "a small batch ran in one chunk at the default threshold")
+    ck.eq(r.first_row, first, "small batch at the default threshold first_row")
     m = idx.lookup_all(qd)
     o, f = csr(rows)
     ck.eq(m.offsets, o, "lookup_all offsets")
     ck.eq(m.rows, f, "lookup_all rows")
     for cap in (0, 5, 10_000):
         check_capped(ck, idx.lookup_all_capped(qd, cap), (o, f), cap, f"lookup_all_capped({cap})")
-        fx = idx.lookup_all_capped(qd, cap, query_capacity=128)
+        fx = idx.lookup_all_capped_fixed(qd, cap, 128)
         ck.ok(not bool(fx.overflowed), "fixed lookup_all_capped overflowed")
         check_capped(ck, fx.answer, (o, f), cap, f"lookup_all_capped({cap}, query_capacity)")
     fx = idx.lookup_fixed(qd, 128)
@@ -186,7 +193,7 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     ck.eq(m.rows, f, "range rows (key, row) order")
     for cap in (0, 7, 100_000):
         check_capped(ck, idx.range_capped(lod, hid, cap), (o, f), cap, f"range_capped({cap})")
-        fx = idx.range_capped(lod, hid, cap, query_capacity=128)
+        fx = idx.range_capped_fixed(lod, hid, cap, 128)
         ck.ok(not bool(fx.overflowed), "fixed range_capped overflowed")
         check_capped(ck, fx.answer, (o, f), cap, f"range_capped({cap}, query_capacity)")
     fx = idx.range_lookup_fixed(lod, hid, 128)
@@ -212,17 +219,18 @@ def check_key_set(ck: Checker, rank: int, world: int, device, name, key_type, pa
     # Shards from a gathered state and from per-rank states answer the same.
     st = idx.gathered_state_dict()
     ck.eq(st["rows"], torch.arange(allk.numel()), "gathered rows")
-    again = ShardedIndex.from_gathered_state(st, device=device, group=group)
+    again = ShardedIndex.from_gathered_state(st, device=device, group=group, point_routing=routing(world))
     ck.eq(again.range(lod, hid).rows, f, "from_gathered_state range")
     ck.eq(again.lookup(qd).first_row, first, "from_gathered_state lookup")
     ck.ok(again._spare_rows == spare, "from_gathered_state: global rows in the shard")
     buf = io.BytesIO()
     torch.save(idx.state_dict(), buf)
     buf.seek(0)
-    loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True), group=group)
+    loaded = ShardedIndex.from_state_dict(torch.load(buf, weights_only=True), group=group, point_routing=routing(world))
     ck.eq(loaded.lookup(qd).first_row, first, "from_state_dict lookup")
     ck.ok(loaded._spare_rows == spare, "from_state_dict: global rows in the shard")
-    other = ShardedIndex(torch.zeros(3, dtype=mine.dtype, device=device), key_type=kt, group=group)
+    other = ShardedIndex(torch.zeros(3, dtype=mine.dtype, device=device), key_type=kt, group=group,
+                         point_routing=routing(world))
     other.load_state_dict(idx.state_dict())
     ck.eq(other.lookup_all(qd).rows, csr(rows)[1], "load_state_dict lookup_all")
     ck.eq(other.lookup(qd).first_row, first, "load_state_dict lookup")
@@ -245,7 +253,7 @@ def check_updates(ck: Checker, rank: int, world: int, device, seed: int, group=N
         for k in p.tolist():
             pairs[(k, row)] += 1
             row += 1
-    idx = ShardedIndex(parts[rank].to(device), updatable=True, sample_size=32, group=group)
+    idx = ShardedIndex(parts[rank].to(device), updatable=True, sample_size=32, group=group, point_routing=routing(world))
     for step in range(6):
         by_rows = step % 2 == 1
         ins = [draw(int(torch.randint(0, 25, (1,), generator=gen))) for _ in range(world)]
@@ -311,11 +319,14 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
     """Bad input on one rank only: every rank raises, naming that rank; the index still answers afterwards."""
     ck.scope = f"{world} ranks, errors"
     keys = torch.arange(rank * 100, rank * 100 + 100, dtype=torch.int64, device=device)
-    idx = ShardedIndex(keys, group=group)
+    idx = ShardedIndex(keys, group=group, point_routing=routing(world))
     q = torch.arange(0, 100 * world, 7, device=device)
     want = idx.lookup(q)
     bad = world - 1
-    ck.raises(lambda: idx.lookup(q.to(torch.int32) if rank == bad else q), "wrong query dtype", f"rank {bad}")
+    ck.raises(lambda: idx.lookup(q.to(torch.float64) if rank == bad else q), "wrong query dtype", f"rank {bad}")
+    # A lossless dtype (int32 queries on an int64 index) is converted, on some ranks and not others alike.
+    got = idx.lookup(q.to(torch.int32) if rank == bad else q)
+    ck.eq(got.first_row, want.first_row, "int32 queries on one rank")
     ck.raises(lambda: idx.lookup(q.reshape(1, -1) if rank == bad else q), "2-D queries", f"rank {bad}")
     ck.raises(lambda: idx.range(q, q[:-1] if rank == bad else q), "lo/hi lengths", "same length")
     vals = torch.ones(100, device=device)
@@ -362,7 +373,7 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
         for name in names:
             delattr(idx._local, name)
     idx.pipeline = 1
-    if idx._own_in_place():  # only the pass over a rank's own queries fails: that rank raises, the others answer
+    if own_in_place(idx):  # only the pass over a rank's own queries fails: that rank raises, the others answer
         for pipeline in (1, 2):
             idx.pipeline = pipeline
             if rank == bad:  # the in-place pass calls these with the caller's key type, the exchange's lookup not
@@ -380,7 +391,7 @@ def check_errors(ck: Checker, rank: int, world: int, device, group=None) -> None
         idx.pipeline = 1
     after = idx.lookup(q)
     ck.eq(after.first_row, want.first_row, "index still answers after the errors")
-    upd = ShardedIndex(keys, updatable=True, group=group)
+    upd = ShardedIndex(keys, updatable=True, group=group, point_routing=routing(world))
     ck.raises(lambda: upd.insert(torch.tensor([1.5], device=device) if rank == bad else keys[:3]), "bad insert dtype", "dtype")
     ck.ok(len(upd) == 100 * world, "failed update changed nothing")
     ck.eq(upd.lookup(q).first_row, want.first_row, "updatable index unchanged after a failed update")
@@ -443,10 +454,7 @@ def check_fixed_has_no_host_sync(ck: Checker, rank: int, world: int, device, gro
             c = idx.range_aggregate_fixed(q, q + 30, vals, 64, check=False)
             d = idx.range_lookup_fixed(q, q + 30, 64, check=False)
             e = idx.aggregate_fixed(q, vals, 64, check=False)
-            # The capped forms with query_capacity skip their check while compiling or capturing only.
-            idx._checks_wanted = lambda check: False
-            b = idx.range_capped(q, q + 30, 500, query_capacity=64)
-            del idx._checks_wanted
+            b = idx.range_capped_fixed(q, q + 30, 500, 64, check=False)
     finally:
         torch.Tensor.tolist = tolist
     ck.ok(not seen, f"host synchronizations in the fixed path: {sorted(set(seen))}")
@@ -465,7 +473,8 @@ def check_uint64_dtype(ck: Checker, rank: int, world: int, device, group=None) -
     ck.scope = f"{world} ranks, torch.uint64"
     parts = [[5, 2**64 - 1, 0, 7, 5], [3, 2**63], [2**63 + 1], []]
     parts = parts[:world - 1] + [sum(parts[world - 1:], [])]
-    idx = ShardedIndex(torch.tensor(parts[rank], dtype=torch.uint64, device=device), group=group)
+    idx = ShardedIndex(torch.tensor(parts[rank], dtype=torch.uint64, device=device), group=group,
+                       point_routing=routing(world))
     allk = sum(parts, [])
     q = [5, 2**64 - 1, 2**63, 4, 2**63 + 1]
     r = idx.lookup(torch.tensor(q, dtype=torch.uint64, device=device))
@@ -502,7 +511,7 @@ def check_local_factories(ck: Checker, rank: int, world: int, device, group=None
                      ("updatable", {"updatable": True}),
                      ("chunked", {"index_factory": chunked}),
                      ("chunked updatable", {"index_factory": functools.partial(chunked, updatable=True), "updatable": True})):
-        idx = ShardedIndex(parts[rank].to(device), group=group, **kw)
+        idx = ShardedIndex(parts[rank].to(device), group=group, point_routing=routing(world), **kw)
         ck.ok(idx._spare_rows == name.endswith("aligned"), f"{name}: global rows in the shard only where it has spare words")
         r = idx.lookup(q.to(device))
         ck.eq(r.first_row, first, f"{name} lookup first_row")
@@ -546,14 +555,14 @@ def check_compiles(ck: Checker, rank: int, world: int, device, group=None) -> No
     ck.eq(got.answer.count, want.count, "compiled lookup_fixed count")
 
 
-def cuda_graph(rank: int, world: int) -> None:
+def cuda_graph(g) -> None:
     """Rank entry for the GPU test: lookup_fixed captured in a CUDA graph (NCCL all_to_all_single included)
     and replayed on new queries copied into the captured input."""
-    device = torch.device("cuda", torch.cuda.current_device())
+    device, rank = g.device, g.rank
     ck = Checker(rank)
     ck.scope = "CUDA graph"
     keys = torch.randint(-10**6, 10**6, (5000,), generator=torch.Generator().manual_seed(rank)).to(device)
-    idx = ShardedIndex(keys, index_factory=lambda k, key_type: CgRXIndex(k, key_type=key_type, backend="radix"))
+    idx = ShardedIndex(keys, index_factory=functools.partial(CgRXIndex, backend="radix"), group=g.group)
     static = torch.zeros(4096, dtype=torch.int64, device=device)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -598,79 +607,97 @@ def check_profile(ck: Checker, rank: int, world: int, device, group=None) -> Non
     ck.ok(s["exchange_s"] >= 0 and s["local_s"] > 0, f"times {s}")
 
 
-def check_group(group, device, seed: int, sets: tuple[str, ...] | None, extras: bool, compile: bool = False) -> list[str]:
-    """The checks on this rank of ``group`` (the key sets named in ``sets``, all if None; the error, host-sync
-    and stats checks with ``extras``, and IdToRow where the group is the default one); returns the failures."""
-    import torch.distributed as dist
+# ----------------------------------------------------------------------------- entries (tests/dist_harness.py)
+# Each is called on every rank of a pool as fn(group_info, *args) by tests/test_sharded.py, one pytest case
+# each. The checks record failures instead of raising, so every rank makes the same collectives to the end;
+# a rank's failures are raised at the end (the harness reports each failing rank's).
 
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    ck = Checker(dist.get_rank())
-    gen = torch.Generator().manual_seed(seed)
+
+def _run_checks(g, check, *args) -> None:
+    ck = Checker(g.rank)
     try:
-        for name, kt, parts, width in key_sets(world, gen):
-            if sets is not None and name not in sets:
-                continue
-            check_key_set(ck, rank, world, device, name, kt, parts, width, gen, group)
-        check_updates(ck, rank, world, device, seed + 1, group)
-        if extras:
-            check_errors(ck, rank, world, device, group)
-            check_fixed_has_no_host_sync(ck, rank, world, device, group)
-            check_profile(ck, rank, world, device, group)
-            check_local_factories(ck, rank, world, device, group)
-            if group is None or group == dist.group.WORLD:
-                check_id_to_row(ck, rank, world, device, group)  # IdToRow(index="sharded") uses the default group
-        if compile:
-            check_compiles(ck, rank, world, device, group)
-        check_uint64_dtype(ck, rank, world, device, group)
+        check(ck, g.rank, g.world, g.device, *args, group=g.group)
     except Exception:  # a bug that raised: report it with what was checked so far
-        ck.failures.append(f"rank {dist.get_rank()} [{ck.scope}] raised:\n{traceback.format_exc()}")
-    return ck.failures
+        ck.failures.append(f"rank {g.rank} [{ck.scope}] raised:\n{traceback.format_exc()}")
+    if ck.failures:
+        raise AssertionError(f"{len(ck.failures)} failed checks:\n" + "\n".join(ck.failures[:40]))
 
 
-def run(rank: int, world: int, seed: int = 0, layout: str = "world") -> None:
-    """``layout="world"``: every check on the default group; ``"one"``: a one-rank group's answers. ``"2+3+4"`` (four processes; one process start for
-    three group sizes): two 2-rank groups side by side (ranks 0-1 every check, ranks 2-3 some key sets), then a
-    3-rank group (ranks 0-2) next to a 1-rank group (rank 3), then all four ranks. Raises AssertionError
-    listing this rank's failures."""
+KEY_SET_NAMES = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "dup_runs", "int32", "float32",
+                 "float64", "uint64")
+
+
+def _key_set(ck, rank, world, device, name, seed, group=None) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for set_name, kt, parts, width in key_sets(world, gen):  # drawn in order: the same parts on every rank
+        if set_name == name:
+            return check_key_set(ck, rank, world, device, name, kt, parts, width, gen, group)
+    assert world == 1 and name == "last_rank_empty", f"no key set {name!r} for {world} ranks"
+
+
+def key_set(g, name: str, seed: int = 0) -> None:
+    """Every lookup form, the state round trips, against the reference, over one key set."""
+    _run_checks(g, _key_set, name, seed)
+
+
+def updates(g, seed: int = 1) -> None:
+    _run_checks(g, check_updates, seed)
+
+
+def errors(g) -> None:
+    _run_checks(g, check_errors)
+
+
+def fixed_has_no_host_sync(g) -> None:
+    _run_checks(g, check_fixed_has_no_host_sync)
+
+
+def profile(g) -> None:
+    _run_checks(g, check_profile)
+
+
+def local_factories(g) -> None:
+    _run_checks(g, check_local_factories)
+
+
+def id_to_row(g) -> None:
+    """IdToRow(index="sharded") builds on the default group: the pool's ranks are all of it."""
+    _run_checks(g, lambda ck, rank, world, device, group=None: check_id_to_row(ck, rank, world, device))
+
+
+def compiles(g) -> None:
+    _run_checks(g, check_compiles)
+
+
+def uint64_dtype(g) -> None:
+    _run_checks(g, check_uint64_dtype)
+
+
+def subgroups(g, seed: int = 30) -> None:
+    """Groups side by side on four ranks: two 2-rank groups, then a 3-rank group next to a 1-rank group, each
+    checking a key set and updates in its own group at the same time."""
     import torch.distributed as dist
 
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    sharded.MIN_CHUNK_QUERIES = 1  # the test batches are small: pipelined calls split them anyway
-    # The own queries in place (a GPU's choice at two ranks) also on gloo: the 2-rank groups check that path, the
-    # larger ones the own pieces and the exchange.
-    sharded.OWN_IN_PLACE_DEVICES = ("cpu", "cuda")
-    some = ("uniform", "all_on_rank0", "last_rank_empty", "duplicates", "float64")
-    if layout == "world":
-        failures = check_group(None, device, seed, None, True, compile=True)
-    elif layout == "one":  # a single rank (one GPU: NCCL's code paths under compute-sanitizer): every answer
-        failures = check_group(None, device, seed, None, False, compile=True)
-        if failures:
-            raise AssertionError(f"{len(failures)} failed checks:\n" + "\n".join(failures[:40]))
-        return  # the error and collective-sequence checks need a second rank to disagree with
-    else:
-        assert layout == "2+3+4" and world == 4
-        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        three = dist.new_group([0, 1, 2])
-        if rank < 2:
-            failures = check_group(pairs[0], device, seed, None, True, compile=True)
-        else:
-            failures = check_group(pairs[1], device, seed + 10, some, False)
-        dist.barrier()
-        alone = dist.new_group([3])
-        if rank < 3:
-            failures += check_group(three, device, seed + 20, some, True)
-        else:  # meanwhile, a group of one
-            failures += check_group(alone, device, seed + 40, ("uniform", "duplicates"), False)
-        dist.barrier()
-        failures += check_group(None, device, seed + 30, ("uniform", "duplicates", "last_rank_empty", "int32"), True)
-    # Faults on one rank at every stage, with every rank's collectives recorded and compared (raises together
-    # on every rank: the comparison goes through the store).
+    assert g.world == 4
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    three, alone = dist.new_group([0, 1, 2]), dist.new_group([3])
+    ck = Checker(g.rank)
     try:
-        collective_sequences(rank, world, device)
-    except AssertionError as e:
-        failures.append(f"rank {rank} [{world} ranks, collective sequences] {e}")
-    if failures:
-        raise AssertionError(f"{len(failures)} failed checks:\n" + "\n".join(failures[:40]))
+        for group, name in ((pairs[g.rank // 2], "duplicates"), (three if g.rank < 3 else alone, "uniform")):
+            rank, world = dist.get_rank(group), dist.get_world_size(group)
+            _key_set(ck, rank, world, g.device, name, seed, group)
+            check_updates(ck, rank, world, g.device, seed + 1, group)
+            dist.barrier(group=g.group)
+    except Exception:
+        ck.failures.append(f"rank {g.rank} [{ck.scope}] raised:\n{traceback.format_exc()}")
+    if ck.failures:
+        raise AssertionError(f"{len(ck.failures)} failed checks:\n" + "\n".join(ck.failures[:40]))
+
+
+def sequences(g, tag: str) -> None:
+    """The collective sequences under faults (collective_sequences) on the default group; ``tag`` keeps this
+    call's store keys apart from any earlier call's."""
+    collective_sequences(g.rank, g.world, g.device, tag)
 
 
 # ------------------------------------------------------------------------- collective sequences under faults
@@ -682,22 +709,32 @@ _SAME_SHAPE = ("all_gather", "all_gather_into_tensor", "all_reduce", "broadcast"
 
 
 class CollectiveRecorder:
-    """Stands in for ``torch.distributed`` inside torch_rtindex.distributed.sharded: records every collective
-    the sharded index posts (function, group, dtype and device type of its tensors, their shape where the ranks'
-    shapes must match, async or not), so that the ranks can compare their sequences. Like NCCL, which refuses a
-    CPU tensor on that rank alone (the others' collective stays posted), it refuses a tensor on a device type
-    the group's backend does not serve (on the CPU: e.g. ``meta``, which gloo would silently skip)."""
+    """While entered, wraps the collectives of ``torch.distributed`` (what the sharded index's modules call)
+    and records every collective posted (function, group, dtype and device type of its tensors, their shape
+    where the ranks' shapes must match, async or not), so that the ranks can compare their sequences. Like NCCL,
+    which refuses a CPU tensor on that rank alone (the others' collective stays posted), it refuses a tensor on a
+    device type the group's backend does not serve (on the CPU: e.g. ``meta``, which gloo would silently skip).
+    The object collectives call torch's own functions directly, so they are recorded once, as themselves."""
 
     def __init__(self, served: set[str]):
         import torch.distributed as dist
 
-        self._dist, self.served, self.log = dist, served, []
+        self._dist, self.served, self.log, self._real = dist, served, [], {}
 
-    def __getattr__(self, name):
-        real = getattr(self._dist, name)
-        if name not in _COLLECTIVES:
-            return real
+    def __enter__(self):
+        for name in _COLLECTIVES:
+            real = getattr(self._dist, name, None)
+            if real is not None:
+                self._real[name] = real
+                setattr(self._dist, name, self._wrap(name, real))
+        return self
 
+    def __exit__(self, *exc):
+        for name, real in self._real.items():
+            setattr(self._dist, name, real)
+        self._real = {}
+
+    def _wrap(self, name, real):
         def collective(*args, **kwargs):
             group = kwargs.get("group")
             ranks = self._dist.get_process_group_ranks(group if group is not None else self._dist.group.WORLD)
@@ -717,7 +754,7 @@ class CollectiveRecorder:
         return collective
 
 
-def collective_sequences(rank: int, world: int, device: torch.device) -> None:
+def collective_sequences(rank: int, world: int, device: torch.device, tag: str = "") -> None:
     """Rank entry: bad input or a fault on ONE rank (each rank in turn), at every stage that can fail locally
     between two collectives; every rank must post exactly the same collectives (compared through the store, so
     that a mismatch is reported instead of waited for) and raise ShardedIndexError (a failed local lookup: its
@@ -734,8 +771,8 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
     store = dist.distributed_c10d._get_default_store()
     rec = CollectiveRecorder(served)
     keys = torch.arange(rank * 100, rank * 100 + 100, dtype=torch.int64, device=device)
-    idx = ShardedIndex(keys)
-    upd = ShardedIndex(keys, updatable=True)
+    idx = ShardedIndex(keys, point_routing=routing(world))
+    upd = ShardedIndex(keys, updatable=True, point_routing=routing(world))
     q = torch.arange(0, 100 * world, 7, device=device)
     want = idx.lookup(q)
     vals = torch.ones(100, dtype=torch.float64, device=device)
@@ -771,7 +808,7 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
 
     # (name, what the bad rank does differently or where it faults, the call every rank makes)
     scenarios = [
-        ("lookup: query dtype differs", None, lambda b: idx.lookup(q.to(torch.int32) if b else q)),
+        ("lookup: query dtype refused", None, lambda b: idx.lookup(q.to(torch.float64) if b else q)),
         ("aggregate: short value column", None, lambda b: idx.aggregate(q, vals[:5] if b else vals)),
         ("pipeline differs", None, lambda b: at_pipeline(2 if b else 1, lambda: idx.lookup(q))),
         ("lookup_fixed: query_capacity beyond int64", None, lambda b: idx.lookup_fixed(q, 2**70 if b else 64)),
@@ -809,10 +846,10 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
         ("lookup_fixed: routing fails", (idx, "partition", None), lambda b: idx.lookup_fixed(q, 64)),
         ("aggregate_fixed: routing fails", (idx, "partition", None), lambda b: idx.aggregate_fixed(q, vals, 64)),
         ("range_lookup_fixed: routing fails", (idx, "partition", None), lambda b: idx.range_lookup_fixed(q, q + 3, 64)),
-        ("range_capped(query_capacity): routing fails", (idx, "partition", None),
-         lambda b: idx.range_capped(q, q + 3, 5, query_capacity=64)),
-        ("range_capped(query_capacity): local lookup fails", (idx, "local", None),
-         lambda b: idx.range_capped(q, q + 3, 5, query_capacity=64)),
+        ("range_capped_fixed: routing fails", (idx, "partition", None),
+         lambda b: idx.range_capped_fixed(q, q + 3, 5, 64)),
+        ("range_capped_fixed: local lookup fails", (idx, "local", None),
+         lambda b: idx.range_capped_fixed(q, q + 3, 5, 64)),
         ("gathered_state_dict: export fails", (idx, "export", None), lambda b: idx.gathered_state_dict()),
         ("update: applying fails", (upd, "update_apply", None),
          lambda b: upd.update(insert_keys=keys[:3] + 1000 * world, delete_keys=keys[10:12])),
@@ -826,18 +863,17 @@ def collective_sequences(rank: int, world: int, device: torch.device) -> None:
             if b and where is not None:
                 fault(*where)
             rec.log = []
-            sharded.dist = rec
             try:
-                call(b)
+                with rec:
+                    call(b)
                 outcome = "returned"
             except ShardedIndexError:
                 outcome = "ShardedIndexError"
             except Exception as e:  # noqa: BLE001
                 outcome = f"{type(e).__name__}: {str(e)[:160]}"
             finally:
-                sharded.dist = dist
                 idx._fault = upd._fault = None
-            key = f"collective_sequences/{bad}/{name}"
+            key = f"collective_sequences/{tag}/{bad}/{name}"
             store.set(f"{key}/{rank}", json.dumps({"log": rec.log, "outcome": outcome}))
             store.wait([f"{key}/{r}" for r in range(world)], timedelta(seconds=120))
             got = [json.loads(store.get(f"{key}/{r}")) for r in range(world)]

@@ -86,3 +86,43 @@ def test_plot_styles_distinct(monkeypatch):
     assert len({s["color"] for s in styles.values()}) == len(METHODS)
     many = suite.method_styles([f"m{i}" for i in range(60)], colors)
     assert len({(s["color"], s["marker"]) for s in many.values()}) == 60
+
+
+BENCH_MODULES = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_"))
+
+
+def test_benchmarks_import_the_checkout_they_live_in(tmp_path):
+    """Every benchmark imports torch_rtindex from the checkout it lives in, whatever PYTHONPATH and the working
+    folder say (an editable install of another checkout included)."""
+    decoy = tmp_path / "torch_rtindex"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy on PYTHONPATH was imported')\n")
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            f"for name in {BENCH_MODULES!r}: __import__(name)\n"
+            "import torch_rtindex; print(torch_rtindex.__file__)")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("RTINDEX_TREE", None)
+    proc = subprocess.run([sys.executable, "-c", code, str(ROOT / "benchmarks")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert Path(proc.stdout.strip().splitlines()[-1]).resolve() == ROOT / "torch_rtindex" / "__init__.py"
+    assert f"torch_rtindex from {ROOT}" in proc.stderr
+
+
+def test_benchmarks_use_the_public_api():
+    """The user-facing benchmarks import no private module of the library, read no private attribute of an index
+    and assign no module-level setting; one-off probes live in benchmarks/lab/ (or are deleted once answered)."""
+    import re
+
+    top = sorted((ROOT / "benchmarks").glob("*.py"))
+    assert not [p.name for p in top if p.stem.endswith("_probe")]
+    for path in top:
+        if path.name in ("cgrx_bench.py", "gather_floor.py"):  # the cgRX engineer's own A/B benchmarks
+            continue
+        text = path.read_text()
+        assert not re.search(r"torch_rtindex\._[a-z]|from torch_rtindex\.\S* import _", text), path.name
+        assert not re.search(r"\b(index|ix|idx)\._[a-z]", text), path.name
+        assert not re.search(r"^\s*(chunked|sharded|torch_rtindex\.\w+)\.[A-Z_]{3,}\s*=", text, flags=re.M), path.name
+    assert (ROOT / "benchmarks" / "lab" / "README.md").exists()
+    for path in (ROOT / "benchmarks" / "lab").glob("*.py"):
+        assert path.name in (ROOT / "benchmarks" / "lab" / "README.md").read_text(), path.name

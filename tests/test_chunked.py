@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import json
-import math
 import os
 import random
 import subprocess
@@ -23,17 +22,28 @@ from keysets import I64_MAX, I64_MIN, int64_keys, keys_of_type, point_queries, r
 from reference import Reference, check_capped, check_lookup, check_matches
 
 from torch_rtindex import CgRXIndex, ChunkedIndex
-from torch_rtindex.chunked import (CPU_GROUP_QUERIES, HOT_CANDIDATE_BYTES, SEARCH_SLACK, TOP, ChunkCache, Rates, _align,
-                                   _Batch, _calibration_slices, _Chunk, _Scheduler, _search_bytes, _Task, plan)
+from torch_rtindex.chunked.build import Builder
+from torch_rtindex.chunked.cache import Arena
+from torch_rtindex.chunked.executor import Executor
+from torch_rtindex.chunked.hot_tier import HOT_CANDIDATE_BYTES, HotTier
+from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, align, search_bytes
+from torch_rtindex.chunked.updates import InPlace, Updater
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = 4096  # chunk_bytes: ~240 keys per chunk
 DUP_BUDGET = 40000  # the "duplicates" key set has one key 1000 times: one chunk of ~17 KB
 
 
+def chunk_of(index, ordered):
+    """Each ordered key's chunk, found from the chunks' first keys (chunk_info): the reference for queues."""
+    lows = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64)
+    return torch.searchsorted(lows ^ TOP, ordered.cpu() ^ TOP, right=True)
+
+
 def chunked(keys, device, **kw):
     kw.setdefault("chunk_bytes", SMALL)
     kw.setdefault("gpu_budget", 3 * SMALL)
+    kw.setdefault("layout", "packed_row")  # the sizes above are for 12-byte pairs
     return ChunkedIndex(keys, device=device, **kw)
 
 
@@ -73,11 +83,11 @@ def check_all_forms(index, keys, key_type, gen, device, n_q=600, widths=(5, 2**4
 def test_point_queues_by_id_where_the_partition_operator_declines(gen, monkeypatch):
     """Point batches are grouped by partition_queries; with more chunks than it takes on CUDA, by chunk id
     (group_by): both give the same queues' answers."""
-    import torch_rtindex.chunked as chunked_module
+    import torch_rtindex.chunked.executor as executor_module
 
     keys = int64_keys("duplicates", 3000, gen)
     index = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
-    monkeypatch.setattr(chunked_module, "partition_points", lambda *a, **k: None)
+    monkeypatch.setattr(executor_module, "partition_points", lambda *a, **k: None)
     check_all_forms(index, keys, "int64", gen, "cpu", n_q=300, widths=(5,))
 
 
@@ -111,9 +121,9 @@ def test_both_processors_share_a_batch(gen):
     ref = CgRXIndex(keys).lookup(q)
     for _ in range(3):
         # as fast as each other: the planner gives both processors a share
-        index._cpu_rate = index._copy_rate = index._gpu_rate = 1e6
-        index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
-        index._measured = dict.fromkeys(index._measured, True)
+        index._cost.rate["cpu"] = index._cost.rate["copy"] = index._cost.rate["gpu"] = 1e6
+        index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
+        index._cost.measured = dict.fromkeys(index._cost.measured, "points")
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     s = index.stats()
@@ -178,8 +188,8 @@ def test_budgets(gen):
     index.lookup(q)
     index.reset_stats()
     index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
-    index._gpu_rate, index._measured = 1e15, dict.fromkeys(index._measured, True)
-    index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
+    index._cost.rate["gpu"], index._cost.measured = 1e15, dict.fromkeys(index._cost.measured, "points")
+    index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
     index.lookup(q)
     s = index.stats()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -208,7 +218,7 @@ def skewed(keys, hot, n, gen):
 def test_hot_key_tier_answers_every_point_form(gen):
     keys = int64_keys("duplicates", 3000, gen)  # one key 1000 times, others up to 100 times
     index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget
-    assert index.hot_capacity == (1 << 20) // 16 // (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    assert index.hot_capacity == (1 << 20) // 16 // (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
     plain = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
     cg = CgRXIndex(keys)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
@@ -221,7 +231,7 @@ def test_hot_key_tier_answers_every_point_form(gen):
     s = index.stats()
     assert s["hot_keys"] > 0 and s["hot_hits"] > 0 and 1 <= s["hot_rebuilds"] <= 3  # not rebuilt every call
     assert s["hot_pairs"] > s["hot_keys"]  # hot keys with many row IDs: all of them in the tier
-    assert 0 < index.memory()["hot"] <= index.hot_capacity * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    assert 0 < index.memory()["hot"] <= index.hot_capacity * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
     last = s["last_batch"]
     assert last["queries"] == 0 or last["hot_hits"] <= last["queries"]
     # ranges never touch the tier
@@ -245,23 +255,18 @@ def test_hot_key_tier_answers_every_point_form(gen):
     assert index.stats()["hot_hits"] > before
 
 
-@pytest.mark.parametrize("sort_misses,key_type", [(False, "int64"), (True, "int64"), (True, "uint64"),
-                                                   (True, "int32"), (True, "float32"), (True, "float64")])
-def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_misses, key_type):
-    """The tier's misses reach the chunks in the chunks' order (unsigned order of the mapped keys:
-    SORT_TIER_MISSES), or as they come: the same answers in every point form, keys over their type's whole range
-    with duplicates."""
-    from torch_rtindex import chunked as chunked_mod
-
-    monkeypatch.setattr(chunked_mod, "SORT_TIER_MISSES", sort_misses)
+@pytest.mark.parametrize("key_type", ["int64", "uint64", "int32", "float32", "float64"])
+def test_tier_misses_reach_the_chunks_sorted(gen, monkeypatch, key_type):
+    """The tier's misses reach the chunks in the chunks' order (unsigned order of the mapped keys): the answers
+    are the reference's in every point form, keys over their type's whole range with duplicates."""
     keys = keys_of_type(key_type, 2500, gen)
     keys = torch.cat([keys, keys[:500]])
     index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=64, key_type=key_type)
     index.hot_learn = False
     index.warm(keys[:64])
     served = []
-    serve = index._serve
-    monkeypatch.setattr(index, "_serve", lambda form, lo, *a: served.append((lo, a[3:])) or serve(form, lo, *a))
+    serve = index._executor.serve
+    monkeypatch.setattr(index._executor, "serve", lambda form, lo, *a: served.append((lo, a[3:])) or serve(form, lo, *a))
     cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
     edges = keys[-504:-500]
@@ -274,46 +279,44 @@ def test_tier_misses_sorted_or_as_they_come_answer_alike(gen, monkeypatch, sort_
         point_forms_equal(index, cg, q[torch.randperm(q.numel(), generator=gen)], values)
     assert index.stats()["hot_hits"] > 0 and served
     unsigned = [x ^ I64_MIN for x, _ in served]  # the order the chunks are in
-    assert all(bool((u[1:] >= u[:-1]).all()) for u in unsigned) == sort_misses
-    assert all(flag == (sort_misses,) for _, flag in served)  # and _serve is told so (key_order)
+    assert all(bool((u[1:] >= u[:-1]).all()) for u in unsigned)
+    assert all(flag == (True,) for _, flag in served)  # and the executor is told so (key_order)
 
 
 def _key_ordered(index, q, device):
     """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to _serve."""
-    lo, _ = index._check_queries(q.to(device), None)
+    lo = torch.ops.rtindex.map_keys(q.to(device), 0)  # int64 keys
     return torch.sort(lo ^ TOP).values ^ TOP
 
 
 def _serve_key_ordered(index, lo, ref):
     """lo's point lookups served as a batch sorted by key (key_order), checked against the reference (int64 keys:
     ordered ^ TOP is the key)."""
-    got_first, got_count = index._serve("lookup", lo, None, None, lo.device, True)
+    got_first, got_count = index._executor.serve("lookup", lo, None, None, lo.device, True)
     want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
     np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
     np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
 
 
 def _recorded_groups(monkeypatch, what):
-    """ChunkedIndex._answer_group wrapped: what(tasks, S) of each call appended to the list returned."""
-    calls, plain = [], ChunkedIndex._answer_group
+    """Executor.answer_group wrapped: what(tasks, S) of each call appended to the list returned."""
+    calls, plain = [], Executor.answer_group
 
     def recorded(self, views, tasks, batch, S):
         calls.append(what(tasks, S))
         return plain(self, views, tasks, batch, S)
 
-    monkeypatch.setattr(ChunkedIndex, "_answer_group", recorded)
+    monkeypatch.setattr(Executor, "answer_group", recorded)
     return calls
 
 
-@pytest.mark.parametrize("runs", [True, False])
-def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
-    """A batch sorted by key (key_order) is cut into each chunk's run of it (SORTED_RUNS) instead of partitioned:
-    every queue holds exactly its chunk's keys, in key order, and the answers are the reference's; keys at every
-    chunk's first key and below it, below the first chunk and above the last, duplicates, chunks with no query;
-    both processors serve."""
-    from torch_rtindex import chunked as chunked_mod
+def test_sorted_batch_queues_are_runs(device, gen, monkeypatch):
+    """A batch sorted by key (key_order) is cut into each chunk's run of it instead of partitioned: every queue
+    holds exactly its chunk's keys, in key order, and the answers are the reference's; keys at every chunk's first
+    key and below it, below the first chunk and above the last, duplicates, chunks with no query; both processors
+    serve."""
+    import torch_rtindex.chunked.executor as executor_module
 
-    monkeypatch.setattr(chunked_mod, "SORTED_RUNS", runs)
     keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
     assert index.num_chunks > 5
@@ -321,8 +324,8 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
     _fixed_rates(index, monkeypatch, cpu=1e8, copy=1.0, gpu=1e8, in_place=1e8)  # both serve
     first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
     seen = []
-    merge = index._merge
-    monkeypatch.setattr(index, "_merge", lambda form, tasks, q, P, sq, *a: seen.append(
+    merge = executor_module.merge
+    monkeypatch.setattr(executor_module, "merge", lambda form, tasks, q, P, sq, *a: seen.append(
         [(t.chunk, sq[t.start : t.start + t.size].cpu()) for t in tasks]) or merge(form, tasks, q, P, sq, *a))
     ref = Reference(keys, "int64")
     for n in (0, 1, 700):
@@ -333,11 +336,10 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch, runs):
         _serve_key_ordered(index, lo, ref)
         (queues,) = seen
         assert sum(x.numel() for _, x in queues) == lo.numel()
-        chunk_ids = index._chunk_of(lo.cpu())
+        chunk_ids = chunk_of(index, lo)
         for chunk, x in queues:
-            assert bool((chunk_ids[x] == index._chunks.index(chunk)).all())  # each queue its chunk's keys only
-            if runs:
-                assert torch.equal(x, torch.arange(int(x[0]), int(x[0]) + x.numel()))  # a run, in key order
+            assert bool((chunk_ids[x] == index._store.chunks.index(chunk)).all())  # each queue its chunk's keys only
+            assert torch.equal(x, torch.arange(int(x[0]), int(x[0]) + x.numel()))  # a run, in key order
     s = index.stats()
     assert s["queries_cpu"] > 0 and s["queries_in_place"] > 0
 
@@ -366,17 +368,17 @@ def test_hot_tier_warm_learning_and_pauses(gen):
     for i in range(3):
         got = index.lookup(keys[i * 300 : (i + 1) * 300])
         assert got.first_row.tolist() == list(range(i * 300, (i + 1) * 300))
-    assert index._hot_skip > 0 and index.stats()["hot_keys"] == 0
+    assert index._hot.skip > 0 and index.stats()["hot_keys"] == 0
     with pytest.raises(ValueError, match="no hot tier"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0).warm(keys[:3])
     with pytest.raises(ValueError, match="hot_keys=60000 takes"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=60000)
-    with pytest.raises(ValueError, match="hot_sample must be None"):
+    with pytest.raises(ValueError, match="hot_sample must be at least 1"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_sample=0)
     assert index.hot_sample is None  # by the queries' device
-    index.hot_sample = 2.5
-    with pytest.raises(ValueError, match="hot_sample must be None"):
-        index.lookup(keys[:10])
+    with pytest.raises(TypeError, match="hot_sample must be an integer"):
+        index.hot_sample = 2.5  # refused where it is set
+    assert index.hot_sample is None
 
 
 def test_hot_tier_learns_what_the_next_batch_asks_for(gen):
@@ -426,7 +428,7 @@ def test_hot_tier_with_a_row_map_and_a_base(gen):
     plain = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=0)
     tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
     q = torch.tensor([5, 10, 200, 250, 299, 0, 77, 1000])
-    assert tiered.warm(q) == 7 and not tiered._tier["direct"] and tiered._tier["base"] >= 1000
+    assert tiered.warm(q) == 7 and not tiered._hot.tier["direct"] and tiered._hot.tier["base"] >= 1000
     _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(plain.lookup(q)) + list(plain.lookup_all(q)))
     assert tiered.stats()["last_batch"]["hot_hits"] == 7
 
@@ -437,10 +439,10 @@ def test_hot_tier_aggregates_rows_shared_by_pairs():
     for hot in (0, 50):
         index = ChunkedIndex(torch.arange(2000), device="cpu", chunk_bytes=1024, gpu_budget=1 << 16, hot_keys=hot)
         index.update(insert_keys=torch.full((10,), 5000), insert_rows=torch.full((10,), 1999))
-        last = index._chunks[-1]
+        last = index._store.chunks[-1]
         assert last.base > 0 and last.n > 2000 - last.base and last.rows_in_place()  # more pairs than values
         if hot:
-            assert index.warm(torch.tensor([5000])) == 1 and index._tier["direct"] and index._tier["base"] == 1999
+            assert index.warm(torch.tensor([5000])) == 1 and index._hot.tier["direct"] and index._hot.tier["base"] == 1999
         got = index.aggregate(torch.tensor([5000, 3, 1999, 9999]), torch.arange(2000))
         assert got.count.tolist() == [10, 1, 1, 0] and got.sum.tolist() == [19990, 3, 1999, 0]
 
@@ -451,13 +453,13 @@ def test_hot_tier_stays_within_its_reservation_when_rows_pass_2_32(gen):
     keys = torch.randint(0, 20000, (40000,), generator=gen, dtype=torch.int64)
     cap = 2000
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
-    reserved = cap * index._hot_pair_bytes()
+    reserved = cap * index._hot.pair_bytes()
     hot = keys.unique()[:3000]
     index.warm(hot, learn=True)  # a learning tier: its pairs' share of the reservation
-    assert index._tier["direct"] and index.memory()["hot"] <= reserved
+    assert index._hot.tier["direct"] and index.memory()["hot"] <= reserved
     index.update(insert_keys=hot[:1], insert_rows=torch.tensor([2**40]))
     got = index.lookup(hot[:100])  # rebuilds the tier over the new chunks
-    assert not index._tier["direct"] and index._tier["pairs_n"] < cap
+    assert not index._hot.tier["direct"] and index.stats()["hot_pairs"] < cap
     assert index.memory()["hot"] <= reserved
     index.hot_tier = False
     want = index.lookup(hot[:100])
@@ -472,7 +474,7 @@ def test_an_update_rebuilds_the_tier_over_its_keys_in_priority_order():
     index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
     got = index.lookup(torch.tensor([900, 800, 700, 1]))  # rebuilds the tier: room for 2 pairs now
     assert got.first_row.tolist() == [900, 800, 700, 1]
-    assert index.stats()["last_batch"]["hot_hits"] == 2 and index._tier_keys().tolist() == [900, 800]
+    assert index.stats()["last_batch"]["hot_hits"] == 2 and index._hot.keys().tolist() == [900, 800]
 
 
 def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
@@ -482,9 +484,9 @@ def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
     keys = torch.randint(-2**63, 2**63 - 1, (20000,), generator=gen)
     cap = 1000
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
-    reserved = cap * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    reserved = cap * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
     given = index.hot_capacity_given
-    assert given == reserved // index._hot_pair_bytes() > cap
+    assert given == reserved // index._hot.pair_bytes() > cap
     prio = keys[torch.randperm(keys.numel(), generator=gen)][: 3 * cap]
     assert index.warm(prio) == given and index.memory()["hot"] <= reserved
     q = torch.cat([prio[:given], prio[given : given + 50]])
@@ -495,7 +497,7 @@ def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
     index.hot_tier, index.hot_learn = True, True
     got = index.lookup(q)
-    assert index._tier["n_keys"] <= cap and index.memory()["hot"] <= reserved
+    assert index.stats()["hot_keys"] <= cap and index.memory()["hot"] <= reserved
     assert index.stats()["last_batch"]["hot_hits"] == cap  # its first keys (learning has replaced none yet)
     assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
     assert index.warm(prio, learn=True) == cap
@@ -505,15 +507,16 @@ def test_a_given_tier_rebuilt_by_an_update_keeps_its_first_keys():
     """A given tier (learning nothing, the candidates' share holding pairs) rebuilt after an update that leaves
     room for fewer pairs (row IDs past 2^32: a row map each) keeps its most important keys, within the
     reservation."""
-    index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4)
-    reserved = 4 * (HOT_CANDIDATE_BYTES + index._hot_pair_bytes())
+    index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4,
+                         layout="packed_row")
+    reserved = 4 * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
     prio = torch.tensor([900, 800, 700, 600, 500, 400, 1])
     assert index.hot_capacity_given == 7 and index.warm(prio) == 7
     index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
     got = index.lookup(prio)  # rebuilds the tier: room for reserved // (pair + row map) pairs now
     assert got.first_row.tolist() == prio.tolist()
-    room = reserved // index._hot_pair_bytes()
-    assert index._tier_keys().tolist() == prio[:room].tolist()
+    room = reserved // index._hot.pair_bytes()
+    assert index._hot.keys().tolist() == prio[:room].tolist()
     assert index.stats()["last_batch"]["hot_hits"] == room and index.memory()["hot"] <= reserved
 
 
@@ -523,13 +526,13 @@ def test_learning_pauses_when_no_candidate_fits_the_tier(monkeypatch):
     keys = torch.cat([torch.full((50,), 7), torch.full((50,), 9), torch.arange(100, 2000)])
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=4096, gpu_budget=1 << 16, hot_keys=4)
     rebuilds = []
-    plain = ChunkedIndex._rebuild_hot
-    monkeypatch.setattr(ChunkedIndex, "_rebuild_hot", lambda self, prio, D: (rebuilds.append(1), plain(self, prio, D)))
+    plain = HotTier.rebuild
+    monkeypatch.setattr(HotTier, "rebuild", lambda self, prio, D: (rebuilds.append(1), plain(self, prio, D)))
     q = torch.cat([torch.tensor([7, 9]).repeat(500), torch.arange(100, 300)])
     for _ in range(6):
         got = index.lookup(q)
         assert got.count[:2].tolist() == [50, 50] and got.first_row[:2].tolist() == [0, 50]
-    assert index._tier is None and len(rebuilds) == 1
+    assert index.stats()["hot_keys"] == 0 and len(rebuilds) == 1
 
 
 def test_an_update_that_fails_reading_the_tier_changes_nothing(monkeypatch):
@@ -543,7 +546,7 @@ def test_an_update_that_fails_reading_the_tier_changes_nothing(monkeypatch):
     def oom(self):
         raise torch.OutOfMemoryError("simulated: the tier's keys")
 
-    monkeypatch.setattr(ChunkedIndex, "_tier_keys", oom)
+    monkeypatch.setattr(HotTier, "keys", oom)
     with pytest.raises(torch.OutOfMemoryError, match="simulated"):
         index.delete(torch.tensor([7]))
     monkeypatch.undo()
@@ -568,7 +571,7 @@ def test_hot_tier_samples_the_whole_batch(gen):
     batch = torch.cat([cold, hot.repeat(100)])  # 3000 queries: the hot keys only in the last third
     index.lookup(batch)
     assert index.stats()["hot_keys"] > 0
-    assert bool(torch.isin(hot, index._tier_keys()).all())  # int64 keys: the tier keeps them as they are
+    assert bool(torch.isin(hot, index._hot.keys()).all())  # int64 keys: the tier keeps them as they are
 
 
 def test_per_batch_stats_equal_what_moved(gen):
@@ -580,7 +583,7 @@ def test_per_batch_stats_equal_what_moved(gen):
     for step in range(6):
         q = keys[torch.randint(0, keys.numel(), (50 + 200 * step,), generator=gen)]
         resident = {i for i, c in enumerate(index.chunk_info()) if c["cached"]}
-        touched = set(torch.unique(index._chunk_of(torch.ops.rtindex.map_keys(q, 0))).tolist())
+        touched = set(torch.unique(chunk_of(index, torch.ops.rtindex.map_keys(q, 0))).tolist())
         sizes = [c["bytes"] for c in index.chunk_info()]
         index.lookup(q)
         last = index.stats()["last_batch"]
@@ -591,11 +594,10 @@ def test_per_batch_stats_equal_what_moved(gen):
     assert index.stats()["bytes_copied"] == total
 
 
-def test_splitter_range_build_equals_one_sort(gen, monkeypatch):
+def test_splitter_range_build_equals_one_sort(gen):
     keys = torch.cat([int64_keys("duplicates", 3000, gen), int64_keys("uniform", 2000, gen)])
     whole = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
-    monkeypatch.setattr(ChunkedIndex, "_build_range_keys", 700)
-    ranged = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
+    ranged = chunked(keys, "cpu", gpu_budget=DUP_BUDGET, build_sort_keys=700)
     assert [c["n"] for c in ranged.chunk_info()] != [] and len(ranged) == keys.numel()
     check_all_forms(ranged, keys, "int64", gen, "cpu", n_q=300)
     q = keys[:800]
@@ -603,269 +605,31 @@ def test_splitter_range_build_equals_one_sort(gen, monkeypatch):
     assert torch.equal(a.rows, b.rows)
 
 
-def _cache_chunk(nbytes, heat=0.0):
-    c = _Chunk(0, 1, 0, 0, 0, [], nbytes, None)
-    c.heat = heat
-    return c
-
-
-def _entry(chunk, slot):
-    arena, off = slot
-    return type("E", (), {"arena": arena, "off": off, "last_use": None, "ready": None, "tick": 0, "chunk": chunk})()
-
-
-def test_cache_policy_demand_then_heat_then_lru():
-    chunk = _cache_chunk
-    cache = ChunkCache(4 * 256, torch.device("cpu"))
-    a, b, c, d = chunk(256, 5.0), chunk(256, 1.0), chunk(256, 1.0), chunk(256, 0.0)
-    for x in (a, b, c, d):
-        slot, evicted = cache.make_room(x, {})
-        assert evicted == 0
-        cache.entries[x] = _entry(x, slot)
-    cache.entries[b].tick, cache.entries[c].tick, cache.entries[d].tick = 3, 2, 1
-    # pending demand first: d is needed by this batch, the rest are not
-    assert cache.victim_order({d: 10}) == [c, b, a, d]  # then heat (b, c: 1.0 < a: 5.0), then LRU (c before b)
-    new = chunk(512, 0.0)
-    slot, evicted = cache.make_room(new, {d: 10})
-    assert slot is not None and evicted == 2 and set(cache.entries) == {a, d}  # c, b evicted, freed space coalesced
-    cache.policy = "lru"
-    assert cache.victim_order({d: 10})[0] in (a, d)
-    assert cache.make_room(chunk(4096, 0.0), {}) == (None, 0)  # larger than the budget: never cached
-
-
 def test_out_of_memory_making_the_cache_slab_keeps_the_index_usable(gen, monkeypatch):
     """The cache's slab is allocated on the first copy; out of memory then fails that batch with a clear error and
     gives the slot it had taken back: the next batch allocates the slab and answers."""
-    from torch_rtindex.chunked import _Arena
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", processors="gpu", hot_keys=0)
-    plain = _Arena.storage
+    plain = Arena.storage
 
     def no_memory(self):
         raise torch.OutOfMemoryError("injected: no room for the slab")
 
-    monkeypatch.setattr(_Arena, "storage", no_memory)
+    monkeypatch.setattr(Arena, "storage", no_memory)
     with pytest.raises(torch.OutOfMemoryError, match="injected"):
         index.lookup(keys[:500])
     arena = index._cache.arena
     assert arena.buf is None and arena.free == [(0, arena.budget)] and not index._cache.entries
-    monkeypatch.setattr(_Arena, "storage", plain)
+    monkeypatch.setattr(Arena, "storage", plain)
     check_lookup(index.lookup(keys[:500]), *Reference(keys, "int64").points(keys[:500])[:2])
-
-
-def test_the_cache_lends_its_shared_slab_to_chunks_until_slots_need_it():
-    """With ``spare``, the cache has a second slab: chunks fill the first, then the second while no slot is
-    carved from it; carving a slot there (top first) evicts chunks from it (by the policy), never from the first,
-    and a chunk of the whole budget always fits the first. A dropped view's slot comes back at the next use."""
-    cache = ChunkCache(4 * 256, torch.device("cpu"), spare=2 * 256)
-    main, shared = cache.arena, cache.shared
-    assert (main.budget, shared.budget, cache.allocated()) == (4 * 256, 2 * 256, 0)
-    chunks = [_cache_chunk(256, heat) for heat in (6.0, 5.0, 4.0, 3.0, 2.0, 1.0)]
-    want = [(main, i * 256) for i in range(4)] + [(shared, 0), (shared, 256)]
-    for x, slot in zip(chunks, want):  # six chunks: the shared slab holds two of them
-        assert cache.make_room(x, {}) == (slot, 0)
-        cache.entries[x] = _entry(x, slot)
-    assert cache.place_top(100) == 256  # an aligned slot at the top: the coolest chunk there is evicted
-    assert set(cache.entries) == set(chunks[:5])
-    assert cache.place_top(256) == 0 and set(cache.entries) == set(chunks[:4])
-    assert cache.place_top(256) is None  # the slab is all slots: nothing in the first slab is evicted
-    assert set(cache.entries) == set(chunks[:4])
-    cache.evict(chunks[0])
-    y = _cache_chunk(256)
-    assert cache.make_room(y, {}) == ((main, 0), 0)  # chunks go to the first slab's room
-    cache.entries[y] = _entry(y, (main, 0))
-    cache.clear()
-    assert cache.make_room(_cache_chunk(4 * 256), {}) == ((main, 0), 0)  # a chunk of the whole budget fits
-    shared.dropped.append((0, 256))  # a dropped view's slot (as its finalizer queues it)
-    assert cache.make_room(_cache_chunk(256), {}) == ((shared, 0), 0)
-    assert not shared.dropped
-
-
-def _task(size, resident=False, fits=True, nbytes=256):
-    return _Task(_Chunk(0, 1, 0, 0, 0, [], nbytes, None), 0, size, resident, fits)
-
-
-def _makespan(gpu_tasks, cpu_tasks, rates):
-    return max(sum(rates.gpu_s(t) for t in gpu_tasks), rates.cpu_end(cpu_tasks))
-
-
-def test_plan_assigns_by_projected_finish():
-    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9)  # a chunk of 256 * k bytes takes k s to copy; a query 1 s on the CPU
-    d, a, b, c = _task(5, True), _task(10, nbytes=1024), _task(3, nbytes=1024), _task(2, nbytes=1024)
-    huge = _task(1, fits=False)
-    g, p = plan([a, b, c, d, huge], rates)
-    # by CPU/GPU cost ratio: d (resident) and a to the GPU (finish 4 s); huge (forced), then b and c to the CPU
-    # (1 + 3 + 2 = 6 s) since the GPU would finish each later (8 s)
-    assert g == [d, a] and p == [huge, c, b]
-    assert plan([a, b, c, d, huge], rates, cpu=False) == ([d, a, b, c], [huge])  # GPU only: all that fits
-    assert plan([a, b, c, d], rates, gpu=False) == ([], [c, b, d, a])
-    assert plan([a, b, c, d], rates, critical_mass=4) == ([d, a], [c, b])  # manual: resident or >= 4 queries
-    # a slow CPU gets nothing it could avoid; a fast one takes the queues it finishes first
-    assert plan([a, b, c, d], Rates(cpu=1e-3, copy=256.0, gpu=1e9))[1] == []
-    assert plan([a, b, c], Rates(cpu=1e9, copy=256.0, gpu=1e9))[0] == []
-
-
-def test_plan_is_a_near_optimal_makespan_and_never_gives_the_cpu_a_later_finish(monkeypatch):
-    import torch_rtindex.chunked as chunked_module
-
-    monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 48)  # a few of these queues fill a CPU call
-    rng = random.Random(3)
-    for trial in range(300):
-        # every other trial with the GPU's third way, reading a queue's chunk in place; every third with fixed
-        # times per queue, and then queues the CPU groups in calls (whole calls count)
-        fixed = [rng.uniform(0, 2) if trial % 3 == 0 else 0.0 for _ in range(3)]
-        rates = Rates(cpu=rng.uniform(0.5, 5), copy=256.0 * rng.uniform(0.5, 5), gpu=rng.uniform(5, 100),
-                      in_place=rng.uniform(0.5, 20) if trial % 2 else 0.0, cpu_call_s=fixed[0],
-                      gpu_queue_s=fixed[1], in_place_queue_s=fixed[2])
-        tasks = [_task(rng.randint(1, 40), rng.random() < 0.3, True, 256 * rng.randint(1, 8)) for _ in range(7)]
-        for t in tasks:
-            t.grouped = trial % 3 == 0 and rng.random() < 0.7
-        g, p = plan(tasks, rates)
-        assert sorted(map(id, g + p)) == sorted(map(id, tasks))
-        best = min(_makespan([t for i, t in enumerate(tasks) if m >> i & 1], [t for i, t in enumerate(tasks) if not m >> i & 1], rates)
-                   for m in range(1 << len(tasks)))
-        got = _makespan(g, p, rates)
-        # Not a theorem (a greedy balance can be further off): a regression guard over these seeded cases.
-        slack = max(min(rates.gpu_s(t), rates.cpu_s(t)) for t in tasks) + rates.cpu_call_s  # a call's step
-        assert got <= best + slack + 1e-9, trial
-        assert got <= min(_makespan(tasks, [], rates), _makespan([], tasks, rates)) + 1e-9
-        # the CPU keeps no queue whose move to the GPU would end the batch sooner
-        g_end = sum(rates.gpu_s(t) for t in g)
-        c_end = rates.cpu_end(p)
-        for t in p:
-            rest = rates.cpu_end([u for u in p if u is not t])
-            assert max(g_end + rates.gpu_s(t), rest) >= max(g_end, c_end) - 1e-9, trial
-
-
-def test_plan_on_a_batch_like_the_2_20_case():
-    """71 chunks of 239 MB, a quarter resident, 2^20 uniform queries: the CPU (6.5 M/s) and the copies (50 GB/s)
-    share the batch; neither alone, and the CPU's share is well under the old 91%."""
-    rates = Rates(cpu=6.5e6, copy=50e9, gpu=2e9)
-    tasks = [_task(14768, i < 17, True, 239 << 20) for i in range(71)]
-    g, p = plan(tasks, rates)
-    share = sum(t.size for t in p) / sum(t.size for t in tasks)
-    assert 0.2 < share < 0.8 and all(t.resident for t in tasks if t in g[:17])
-    assert _makespan(g, p, rates) < 0.6 * min(_makespan(tasks, [], rates), _makespan([], tasks, rates))
-
-
-def test_plan_reads_queues_in_place_that_cannot_pay_for_a_copy():
-    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9, in_place=2.0)  # a 1024-byte chunk copies in 4 s; in place 0.5 s/query
-    small, big, cached = _task(3, nbytes=1024), _task(20, nbytes=1024), _task(3, True, nbytes=1024)
-    assert rates.reads_in_place(small) and rates.gpu_s(small) == 1.5
-    assert not rates.reads_in_place(big) and rates.gpu_s(big) == 4.0  # 10 s in place against a 4 s copy
-    assert not rates.reads_in_place(cached)  # a cached chunk is read from the cache
-    assert not Rates(cpu=1.0, copy=256.0, gpu=1e9).reads_in_place(small)  # 0: not an option
-    # the 2^20-batch case: 71 chunks of 239 MB, 14768 queries each. In place at 50 M lookups/s a queue takes
-    # 0.3 ms against a 5 ms copy: the GPU reads the uncached chunks in place and takes most of the batch
-    tasks = [_task(14768, i < 17, True, 239 << 20) for i in range(71)]
-    with_, without = Rates(6.5e6, 50e9, 2e9, in_place=5e7), Rates(6.5e6, 50e9, 2e9)
-    g, p = plan(tasks, with_)
-    assert sum(t.size for t in g) > 0.8 * sum(t.size for t in tasks)
-    assert _makespan(g, p, with_) < 0.25 * _makespan(*plan(tasks, without), without)
-
-
-def test_rates_are_fitted_with_a_fixed_time_per_queue(gen):
-    """A queue's or call's time is a fixed part plus its lookups at the rate: lookups over seconds of a batch of
-    tiny queues is mostly the fixed part (such a rate, 45 M/s from queues of 2.7 k, once priced in-place reads out
-    of every later batch; 7.5 M/s from a 21.7 k-query CPU batch starved the CPU). The fit keeps the two apart."""
-    from types import SimpleNamespace
-
-    keys = int64_keys("uniform", 4000, gen)
-    index = chunked(keys, "cpu", hot_keys=0)
-
-    def batch(in_place=(), gpu=(), cpu=(), points=True):
-        return SimpleNamespace(points=points, cpu_calls=list(cpu), cpu_copy_bytes=0, cpu_copy_time=0.0, copies=[],
-                               in_place_lookups=[(None, s, n, 1.0) for n, s in in_place],
-                               gpu_lookups=[(None, s, n, 1.0) for n, s in gpu])
-
-    def queues(n, rate, fixed, k=55, spread=0.1):  # k queues around n lookups: fixed + n / rate seconds each
-        sizes = [int(n * (1 + spread * (2 * i / (k - 1) - 1))) for i in range(k)]
-        return [(m, fixed + m / rate) for m in sizes]
-
-    # The chunked_hot history: big in-place queues, then a batch of tiny ones, then big ones again.
-    index._learn_rates(batch(in_place=queues(250_000, 1.6e8, 40e-6)))
-    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.05)  # the fixed part is under 3% of these queues
-    index._learn_rates(batch(in_place=queues(2_700, 1.6e8, 40e-6)))
-    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.05)  # not 2.7 k / 57 us = 47 M/s
-    assert index._fixed_s["in_place"] == pytest.approx(40e-6, rel=0.1)
-    for _ in range(20):  # tiny queues only, for long: the sizes no longer vary, the rate stays
-        index._learn_rates(batch(in_place=queues(2_700, 1.6e8, 40e-6)))
-    assert index._in_place_rate == pytest.approx(1.6e8, rel=0.1)
-    r = index.rates()
-    assert r.in_place_queue_s == pytest.approx(40e-6, rel=0.15) and index.stats()["in_place_rate"] == index._in_place_rate
-    # The CPU's calls likewise: big calls, then a batch of small ones, 0.7 ms each.
-    index._learn_rates(batch(cpu=queues(2_400_000, 4.5e7, 7e-4, k=4)))
-    for _ in range(30):  # calls whose time is 94% the fixed part, for long
-        index._learn_rates(batch(cpu=queues(2_700, 4.5e7, 7e-4, k=3, spread=0.5)))
-    assert index._cpu_rate == pytest.approx(4.5e7, rel=0.02) and index._fixed_s["cpu"] == pytest.approx(7e-4, rel=0.02)
-    # Batches without a way's samples leave its history as it is: one slow queue later moves it, not resets it.
-    index._learn_rates(batch(gpu=queues(100_000, 1e9, 4e-5, spread=0.5)))
-    for _ in range(12):
-        index._learn_rates(batch())
-    index._learn_rates(batch(gpu=[(100_000, 2 * (4e-5 + 1e-4))]))
-    assert index._gpu_rate > 0.8e9
-    # A clock too coarse for a sample (0 s) changes nothing, rather than setting a rate of 0.
-    rates = index.rates()
-    index._learn_rates(batch(cpu=[(4096, 0.0)], gpu=[(4096, 0.0)], in_place=[(4096, 0.0)]))
-    assert index.rates() == rates
-    # A pessimistic rate with only small calls to learn from rises to what they show (the old rule learned from
-    # 2^14+ queries alone and kept it).
-    index._cpu_rate, index._fixed_s["cpu"], index._measured["cpu"] = 2e6, 0.0, False
-    for _ in range(3):
-        index._learn_rates(batch(cpu=[(4000, 4000 / 7.8e6)] * 4))
-    assert index._cpu_rate == pytest.approx(7.8e6, rel=0.01)
-    # Rates are for point lookups: a CSR or range batch (like warm()'s row fetch) sets one only until a point
-    # batch has measured it; the first point batch starts the fit over.
-    index._learn_rates(batch(cpu=[(40000, 40000 / 1e6)], points=False))
-    assert index._cpu_rate == pytest.approx(7.8e6, rel=0.01)
-    index._measured["cpu"] = False
-    index._learn_rates(batch(cpu=[(40000, 40000 / 1e6)], points=False))
-    assert index._cpu_rate == pytest.approx(1e6) and index._measured["cpu"] == "other"
-    assert index._uncalibrated("cpu", True) and not index._uncalibrated("cpu", False)
-    index._learn_rates(batch(cpu=[(40000, 40000 / 5e7)]))
-    assert index._cpu_rate == pytest.approx(5e7) and not index._uncalibrated("cpu", True)
-    # The plan prices the fixed parts: a queue of 10 lookups in place costs 1 ms, so the CPU (1 us a query) takes
-    # it; a big one still goes in place; grouped CPU queues share a call's fixed time.
-    rates = Rates(cpu=1e6, copy=1e3, gpu=1e9, in_place=1e8, in_place_queue_s=1e-3, cpu_call_s=1e-3)
-    tiny, big = _task(10, nbytes=1 << 20), _task(1 << 20, nbytes=1 << 20)
-    assert rates.gpu_s(tiny) == pytest.approx(1e-3 + 1e-7) and rates.reads_in_place(tiny)  # a copy costs more
-    assert rates.gpu_s(big) == pytest.approx(1e-3 + (1 << 20) / 1e8)
-    tiny.grouped = True
-    assert rates.cpu_s(tiny) == pytest.approx(1e-5 + 1e-3 * 10 / CPU_GROUP_QUERIES)
-    g, c = plan([tiny, big], rates)
-    assert g == [big] and c == [tiny]
-    assert Rates(cpu=1e6, copy=1e3, gpu=1e9, gpu_queue_s=1e-3).gpu_s(_task(10, resident=True)) == pytest.approx(1e-3 + 1e-8)
-
-
-def test_cost_fit_stays_finite_and_positive():
-    """_CostFit over random sample streams (sizes from 1 to 2^27, noisy times, repeats, lone samples, some without
-    time): every solve gives a finite positive rate and a finite fixed time of at least 0."""
-    from torch_rtindex.chunked import _CostFit
-
-    rng = random.Random(11)
-    for trial in range(300):
-        fit, fixed, rate = _CostFit(), 0.0, 0.0
-        true_fixed, true_rate = rng.choice([0.0, 1e-5, 7e-4]), rng.choice([1e6, 1.6e8, 1e10])
-        for _ in range(rng.randint(1, 12)):
-            fit.decay()
-            same = rng.random() < 0.3
-            base = rng.choice([1, 100, 2700, 250_000, 1 << 27])
-            for _ in range(rng.randint(1, 6)):
-                n = base if same else max(1, int(base * rng.uniform(0.5, 1.5)))
-                t = 0.0 if rng.random() < 0.05 else (true_fixed + n / true_rate) * rng.uniform(0.7, 1.3)
-                fit.add(n, t)
-            fixed, rate, _ = fit.solve(fixed, rate)
-            if fit.w > 0:
-                assert math.isfinite(rate) and rate > 0 and math.isfinite(fixed) and fixed >= 0, trial
 
 
 def _fixed_rates(index, monkeypatch, **rates):
     """Pins the planner's rates (no calibration, no learning), so that a test knows which way each queue goes."""
-    for name, value in rates.items():
-        setattr(index, f"_{name}_rate", value)
-    index._fixed_s = dict.fromkeys(index._fixed_s, 0.0)
-    index._measured = dict.fromkeys(index._measured, True)
-    monkeypatch.setattr(index, "_learn_rates", lambda batch: None)
+    index._cost.rate.update(rates)
+    index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
+    index._cost.measured = dict.fromkeys(index._cost.measured, "points")
+    monkeypatch.setattr(index._executor, "learn_rates", lambda batch: None)
 
 
 @pytest.mark.parametrize("updatable", [False, True])
@@ -883,9 +647,8 @@ def test_queues_read_in_place_match_the_reference(gen, monkeypatch, updatable):
     assert s["queries_in_place"] > 0 and s["chunk_misses"] == 0 and s["queries_in_place"] == s["queries_gpu"]
     index.read_in_place = False
     assert index.rates().in_place == 0
-    index.read_in_place = "yes"
-    with pytest.raises(ValueError, match="read_in_place must be None"):
-        index.lookup(keys[:4])
+    with pytest.raises(TypeError, match="read_in_place must be None"):
+        index.read_in_place = "yes"
 
 
 def test_in_place_rate_is_calibrated_then_learned(gen):
@@ -897,7 +660,7 @@ def test_in_place_rate_is_calibrated_then_learned(gen):
     for _ in range(3):
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._measured["in_place"] and index.rates().in_place > 0
+    assert index._cost.measured["in_place"] and index.rates().in_place > 0
     assert index.stats()["in_place_rate"] is not None
     index.processors = "gpu"  # GPU-only serving copies chunks in: the baseline in-place reads are measured against
     assert index.rates().in_place == 0
@@ -910,12 +673,12 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=2000)
     index.read_in_place = True
     index.warm(keys[:2000])
-    assert index._measured["cpu"] == "other" and index._measured["in_place"] == "other"
+    assert index._cost.measured["cpu"] == "other" and index._cost.measured["in_place"] == "other"
     q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     got = index.lookup(q)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._measured["cpu"] == "points" and index._measured["in_place"] == "points"
+    assert index._cost.measured["cpu"] == "points" and index._cost.measured["in_place"] == "points"
     rates = index.rates()
     index.lookup_all(q)
     assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
@@ -925,43 +688,46 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     """A rate so low that no plan uses its way is never measured by the batches: after RATE_STALE point batches
     without a measurement, a point batch with a queue big enough to time lookups rather than a call calibrates it
     again."""
-    from torch_rtindex.chunked import RATE_STALE
+    from torch_rtindex.chunked.cost import RATE_STALE
     keys = int64_keys("uniform", 20000, gen)
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
     index.read_in_place = True
     q = keys[torch.randint(0, keys.numel(), (4000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     index.lookup(q)
-    assert index._measured["in_place"] == "points"
-    index._in_place_rate = 1.0  # one lookup a second: never worth a plan
+    assert index._cost.measured["in_place"] == "points"
+    index._cost.rate["in_place"] = 1.0  # one lookup a second: never worth a plan
     for i in range(RATE_STALE - 1):  # the batch above counts as one: its calibration came before its count
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-        assert index.stats()["last_batch"]["queries_in_place"] == 0 and index._in_place_rate == 1.0, i
+        assert index.stats()["last_batch"]["queries_in_place"] == 0 and index._cost.rate["in_place"] == 1.0, i
     index.lookup(q)  # stale, but its queues (about 800) are too small to replace a point batch's rate
-    assert index._in_place_rate == 1.0
+    assert index._cost.rate["in_place"] == 1.0
     big = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k
     got, ref = index.lookup(big), CgRXIndex(keys).lookup(big)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._in_place_rate > 1.0 and index._rate_age["in_place"] <= 1
+    assert index._cost.rate["in_place"] > 1.0 and index._cost.age["in_place"] <= 1
 
 
 def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
     """A fresh index's calibration once priced an H100 host's CPU at a tenth of its rate (4.8 against 42-50 M/s in
     other runs): the CPU then got only take-overs of a few queries, which never move a rate. RATE_STALE point
     batches later a calibration measures it again, and the CPU serves its share."""
-    from torch_rtindex.chunked import RATE_STALE
+    from torch_rtindex.chunked.cost import RATE_STALE
     keys = int64_keys("uniform", 200000, gen)
     index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
     q = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k: big enough to time
     ref = CgRXIndex(keys).lookup(q)
+    # The cache's stand-in (CPU lookups too) starts from a guess a loaded host's calibrated CPU can fall below,
+    # which would hand the stand-in the whole first batch: a pessimistic guess keeps the CPU in the plan.
+    index._cost.rate["gpu"] = 1e5
     index.lookup(q)
-    assert index._measured["cpu"] == "points" and index.stats()["last_batch"]["queries_cpu"] > 0
-    index._cpu_rate /= 1e4  # as if the calibration had been timed on a busy host
+    assert index._cost.measured["cpu"] == "points" and index.stats()["last_batch"]["queries_cpu"] > 0
+    index._cost.rate["cpu"] /= 1e4  # as if the calibration had been timed on a busy host
     for i in range(RATE_STALE + 1):  # the last one calibrates
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index.stats()["last_batch"]["queries_cpu"] > 1000 and index._stale_after["cpu"] == RATE_STALE
+    assert index.stats()["last_batch"]["queries_cpu"] > 1000 and index._cost.stale_after["cpu"] == RATE_STALE
 
 
 def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
@@ -973,9 +739,10 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
     index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
     index.read_in_place = True
     seen, way = {}, []
-    calibrate_way, timed = index._calibrate_way, index._timed
-    monkeypatch.setattr(index, "_calibrate_way", lambda name, *a: (way.append(name), calibrate_way(name, *a))[1])
-    monkeypatch.setattr(index, "_timed", lambda view, batch, S, t, slices: (
+    calibrator = index._executor.calibrator
+    calibrate_way, timed = calibrator.calibrate_way, calibrator.timed
+    monkeypatch.setattr(calibrator, "calibrate_way", lambda name, *a: (way.append(name), calibrate_way(name, *a))[1])
+    monkeypatch.setattr(calibrator, "timed", lambda view, batch, S, t, slices: (
         seen.setdefault(way[-1], []).extend((t.size, a, n) for a, n in slices), timed(view, batch, S, t, slices))[1])
     q = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
@@ -997,109 +764,9 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
         assert all(sec > 0 for _, sec in c["slices"]) and c["rate"] > 0 and c["fixed_s"] >= 0  # (the batch refits them)
 
 
-@pytest.mark.parametrize("size", [256, 512, 16640, 16896, 32768, 10**6])
-@pytest.mark.parametrize("threads", [1, 2, 16])
-def test_calibration_slices_are_disjoint_and_in_the_queue(size, threads):
-    """Every queue a calibration may take (256 lookups and up), with the warm-up of either device: three non-empty
-    slices one after the other within the queue, the timed ones of two sizes."""
-    for warm in (min(size // 8, 256), min(size // 4, 256 * threads)):
-        (a0, n0), [(a1, n1), (a2, n2)] = _calibration_slices(size, warm)
-        assert a0 == 0 and n0 == warm > 0 and a1 == n0 and a2 == a1 + n1 and a2 + n2 <= size
-        assert n1 > n2 > 0 and n1 <= 1 << 15
-
-
-def test_stats_keep_the_last_calibrations_as_copies(gen):
-    """stats()['calibrations'] keeps the latest CALIBRATIONS_KEPT, hands out copies, and reset_stats empties it."""
-    from torch_rtindex.chunked import CALIBRATIONS_KEPT
-    keys = int64_keys("uniform", 20000, gen)
-    index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
-    q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
-    index.lookup(q)
-    task = _Task(index._chunks[0], 0, 4096, False, True)
-    batch = _Batch("lookup", q, None, None, torch.device("cpu"), None)
-    for _ in range(CALIBRATIONS_KEPT + 3):
-        index._calibrate_way("cpu", index._host_view(task.chunk), batch, task, torch.device("cpu"))
-    kept = index.stats()["calibrations"]
-    assert len(kept) == CALIBRATIONS_KEPT and all(c["way"] == "cpu" and len(c["slices"]) == 3 for c in kept)
-    kept[-1]["slices"].append([1, 1.0])
-    kept[-1]["rate"] = -1
-    again = index.stats()["calibrations"][-1]
-    assert len(again["slices"]) == 3 and again["rate"] > 0
-    index.reset_stats()
-    assert index.stats()["calibrations"] == []
-
-
-def _calibration(rate, fixed=1e-4):
-    """A calibration's two timed slices (2^15 and 2^12 lookups) of a way with this rate and fixed time."""
-    return [(n, fixed + n / rate) for n in (1 << 15, 1 << 12)]
-
-
 def _timed_at(rate):
-    """A stand-in for ChunkedIndex._timed: every slice timed by a fixed law (10 us plus its lookups at ``rate``)."""
+    """A stand-in for Calibrator.timed: every slice timed by a fixed law (10 us plus its lookups at ``rate``)."""
     return lambda view, batch, S, t, slices: [(n, 1e-5 + n / rate) for _, n in slices]
-
-
-def test_tiny_samples_do_not_keep_a_rate_fresh(gen):
-    """A way priced out of every plan still gets the idle CPU's take-overs of a few leftover queries (an H100 run:
-    the CPU at 3 M/s, 2-4 queries per uniform 2^27 batch). Such calls time their fixed cost, not lookups: they
-    must not reset the rate's age, or its recalibration after RATE_STALE point batches never comes."""
-    from torch_rtindex.chunked import RATE_QUEUE, RATE_STALE
-    keys = int64_keys("uniform", 3000, gen)
-    index = chunked(keys, "cpu", hot_keys=0)
-    index._learn("cpu", _calibration(5e6), True, reset=True)
-    index._rate_age["cpu"] = RATE_STALE - 1
-    index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
-    assert index._rate_age["cpu"] == RATE_STALE - 1
-    index._rate_age["cpu"] += 1  # the next point batch's count (_learn_rates)
-    assert index._uncalibrated("cpu", True)
-    index._learn("cpu", [(5000, 1e-4 + 5000 / 5e6)], True)  # a mid-size call may time its call as much: not fresh
-    assert index._rate_age["cpu"] == RATE_STALE
-    index._learn("cpu", [(RATE_QUEUE, 1e-4 + RATE_QUEUE / 5e6)], True)  # a big call's lookups: the CPU is in the plans
-    assert index._rate_age["cpu"] == 0 and not index._uncalibrated("cpu", True)
-
-
-@pytest.mark.parametrize("calibrated, call", [(4.8e6, 1500), (4.8e6, 12000), (4.5e8, 1 << 14)])
-def test_a_wrong_rate_is_not_kept_fresh_by_samples_that_do_not_time_it(gen, calibrated, call):
-    """A review's cases, the true CPU rate 45 M/s: a rate calibrated ten times too low or too high, then every batch
-    the idle CPU's take-overs (their calls' fixed cost) and one more call. A mid-size call escapes the fixed-only
-    filter at a low rate; a big one at a high rate is explained by the fixed time the take-overs set, so the fit
-    keeps the rate. Neither times it: the rate goes stale and is calibrated again."""
-    from torch_rtindex.chunked import RATE_STALE
-    index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
-    index._learn("cpu", _calibration(calibrated), True, reset=True)
-    stale = []
-    for _ in range(2 * RATE_STALE):  # the first batch's fit, with the calibration's samples, may still time it
-        index._rate_age["cpu"] += 1  # the point batch's count (_learn_rates)
-        index._learn("cpu", [(3, 0.8e-3), (7, 0.7e-3), (call, 0.75e-3 + call / 45e6)], True)
-        stale.append(index._uncalibrated("cpu", True))
-    assert any(stale)
-
-
-def test_a_point_rate_does_not_start_from_take_overs(gen):
-    """Where a point batch calibrates nothing (every queue under a calibration's smallest slice), its take-overs of a
-    few queries would start the rate from their call's cost (a few thousand lookups/s) and count as measured: the
-    next big batch would not calibrate. Such samples are left out until a calibration or a big enough sample."""
-    from torch_rtindex.chunked import RATE_MIN_SAMPLE
-    index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
-    guess = index._cpu_rate
-    index._learn("cpu", [(3, 0.8e-3), (2, 0.7e-3)], True)
-    assert index._cpu_rate == guess and not index._measured["cpu"] and index._uncalibrated("cpu", True)
-    index._learn("cpu", [(RATE_MIN_SAMPLE, 1e-4 + RATE_MIN_SAMPLE / 4.5e7)], True)
-    assert index._measured["cpu"] == "points"
-
-
-def test_take_overs_of_a_few_queries_do_not_drag_a_rate_down(gen):
-    """The idle CPU's take-overs of 2-4 leftover queries pay a whole call (0.7-0.8 ms); fed to the fit as lookups
-    they pulled a measured CPU rate towards a few M/s within RATE_STALE batches. They refine the fixed time only."""
-    keys = int64_keys("uniform", 3000, gen)
-    index = chunked(keys, "cpu", hot_keys=0)
-    index._learn("cpu", _calibration(5e7), True, reset=True)
-    assert index._cpu_rate == pytest.approx(5e7, rel=0.01)
-    for _ in range(40):
-        index._learn("cpu", [(4, 0.8e-3), (2, 0.7e-3)], True)
-    assert index._cpu_rate == pytest.approx(5e7, rel=0.01) and index._fixed_s["cpu"] == pytest.approx(0.75e-3, rel=0.01)
-    index._learn("cpu", [(1 << 16, 0.75e-3 + (1 << 16) / 2e7), (1 << 13, 0.75e-3 + (1 << 13) / 2e7)], True)
-    assert index._cpu_rate < 4e7  # calls big enough to time lookups still move it
 
 
 def _hot_chunk_and_calibrations(gen):
@@ -1107,37 +774,12 @@ def _hot_chunk_and_calibrations(gen):
     keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
     hot = keys[1000:1050]
-    assert index._chunk_of(hot).unique().numel() == 1
+    assert chunk_of(index, hot ^ TOP).unique().numel() == 1
     calibrations = []
-    learn = index._learn
-    index._learn = lambda name, samples, points, reset=False: (
+    learn = index._cost.learn
+    index._cost.learn = lambda name, samples, points, reset=False: (
         calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
     return keys, index, hot, calibrations
-
-
-def test_the_wait_for_a_recalibration_backs_off_while_it_confirms_the_rate(gen):
-    """A recalibration of a stale rate that finds it within RATE_CONFIRM doubles the wait for the next (up to
-    RATE_STALE_MAX point batches: a way rightly out of the plans pays rarely); one that moves the rate, or a batch
-    that measures it, starts the wait over."""
-    from torch_rtindex.chunked import RATE_CONFIRM, RATE_STALE, RATE_STALE_MAX
-    index = chunked(int64_keys("uniform", 3000, gen), "cpu", hot_keys=0)
-
-    def calibrate(rate):
-        index._rate_age["cpu"] = index._stale_after["cpu"]  # stale
-        assert index._uncalibrated("cpu", True)
-        index._learn("cpu", _calibration(rate), True, reset=True)
-        assert index._rate_age["cpu"] == 0 and index._cpu_rate == pytest.approx(rate)
-        return index._stale_after["cpu"]
-
-    index._learn("cpu", _calibration(5e7), True, reset=True)
-    assert index._stale_after["cpu"] == RATE_STALE  # a first calibration sets no wait
-    waits = [calibrate(5e7 * RATE_CONFIRM ** (i % 2 * 0.9)) for i in range(6)]  # each within RATE_CONFIRM
-    assert waits == [min(RATE_STALE << i, RATE_STALE_MAX) for i in range(1, 7)]
-    assert calibrate(5e6) == RATE_STALE  # moved tenfold
-    calibrate(5e6)
-    assert index._stale_after["cpu"] == 2 * RATE_STALE
-    index._learn("cpu", [(1 << 16, 1e-4 + (1 << 16) / 5e6)], True)  # a batch measured it
-    assert index._stale_after["cpu"] == RATE_STALE and index._rate_age["cpu"] == 0
 
 
 def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen, monkeypatch):
@@ -1145,10 +787,10 @@ def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen, monkeypa
     the queue) stay under RATE_QUEUE, else a stale rate with a largest queue of 16.9-18.7 k lookups was calibrated
     again, its fit thrown away, on every batch. Calibrations here time a fixed law (a shared 2-core host's timings
     vary 70x); the batches are real."""
-    from torch_rtindex.chunked import RATE_STALE
+    from torch_rtindex.chunked.cost import RATE_STALE
     keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
     index.read_in_place = True
-    monkeypatch.setattr(index, "_timed", _timed_at(2e7))
+    monkeypatch.setattr(index._executor.calibrator, "timed", _timed_at(2e7))
 
     def batch():
         return torch.cat([hot[torch.randint(0, hot.numel(), (17000,), generator=gen)],
@@ -1158,7 +800,7 @@ def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen, monkeypa
     index.processors = "gpu"  # the hot chunk cached (on a GPU: its queue served from the cache, not in place)
     index.lookup(hot)
     index.processors = "auto"
-    index._rate_age["in_place"], index._in_place_rate = RATE_STALE, 1.0  # stale and priced out of every plan
+    index._cost.age["in_place"], index._cost.rate["in_place"] = RATE_STALE, 1.0  # stale and priced out of every plan
     calibrations.clear()
     ref = CgRXIndex(keys)
     for _ in range(12):
@@ -1173,7 +815,7 @@ def test_a_stale_cache_rate_is_calibrated_again(gen, monkeypatch):
     """The cache's rate, like the others, can price its way out of every plan (a wrong big-queue sample): then no
     batch measures it again. After RATE_STALE point batches a point batch with a big queue of a cached chunk
     calibrates it (once), and the cache serves again."""
-    from torch_rtindex.chunked import RATE_STALE
+    from torch_rtindex.chunked.cost import RATE_STALE
     keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
 
     def batch():  # a big queue for the hot (cached) chunk
@@ -1184,19 +826,19 @@ def test_a_stale_cache_rate_is_calibrated_again(gen, monkeypatch):
     index.lookup(hot[torch.randint(0, hot.numel(), (40000,), generator=gen)])
     index.processors = "auto"
     index.lookup(batch())
-    assert index._measured["gpu"] == "points"
-    index._gpu_rate = 1.0  # one lookup a second: the plan gives the cache nothing
+    assert index._cost.measured["gpu"] == "points"
+    index._cost.rate["gpu"] = 1.0  # one lookup a second: the plan gives the cache nothing
     ref = CgRXIndex(keys)
     calibrations.clear()
     # The calibration times a fixed law: the cache at 1e9 lookups/s (on this CPU index its reads are the CPU's own).
-    monkeypatch.setattr(index, "_timed", _timed_at(1e9))
+    monkeypatch.setattr(index._executor.calibrator, "timed", _timed_at(1e9))
     for i in range(RATE_STALE + 2):
         q = batch()
-        priced_out = index._gpu_rate == 1.0
+        priced_out = index._cost.rate["gpu"] == 1.0
         got, want = index.lookup(q), ref.lookup(q)
         assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
         served = index.stats()["last_batch"]["queries_gpu"]
-        if priced_out and index._gpu_rate == 1.0:
+        if priced_out and index._cost.rate["gpu"] == 1.0:
             assert served == 0, i
         elif priced_out:  # this batch calibrated the cache's rate, then planned with it
             assert i <= RATE_STALE and served > 0
@@ -1223,14 +865,12 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
     """Point queues of chunks holding row offsets go in groups, one operator call each: every queue the GPU reads
     in place (on a CPU index, its stand-in) of a batch in key order (the tier's misses), and the CPU worker's small
     queues; the answers are the reference's (duplicates, misses, the 64-bit edges)."""
-    import torch_rtindex.chunked as chunked_module
-
     calls = _recorded_groups(monkeypatch, lambda tasks, S: (S.type, len(tasks)))
-    monkeypatch.setattr(chunked_module, "CPU_GROUP_QUERIES", 64)  # several CPU groups per batch
-    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)  # the GPU's in-place queues in one launch
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([-(2**63), 2**63 - 1, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors=processors,
-                    hot_keys=64 if processors == "auto" else 0)
+                    hot_keys=64 if processors == "auto" else 0,
+                    cpu_group_queries=64,  # several CPU groups per batch
+                    in_place_window=1 << 15)
     if processors == "auto":
         index.read_in_place = True
         index.hot_learn = False
@@ -1255,16 +895,10 @@ def test_point_queues_answered_in_groups(device, gen, monkeypatch, processors):
         assert calls and all(c[0] == "cpu" for c in calls) and max(n for _, n in calls) > 1
 
 
-@pytest.mark.parametrize("group_cached", [True, False])
-def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_cached):
+def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
     """In a batch sorted by key (the tier's misses), the cached chunks' queues go in the in-place queues' one launch,
-    each read from its cache slot (GROUP_CACHED); off, each is a launch of its own. The answers are the reference's
-    (the 64-bit edges, duplicates); the stats count the cached chunks as hits and only the other queues' queries
-    as read in place."""
-    import torch_rtindex.chunked as chunked_module
-
-    monkeypatch.setattr(chunked_module, "GROUP_CACHED", group_cached)
-    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
+    each read from its cache slot. The answers are the reference's (the 64-bit edges, duplicates); the stats count
+    the cached chunks as hits and only the other queues' queries as read in place."""
     calls = _recorded_groups(monkeypatch, lambda tasks, S: sorted(t.resident for t in tasks))
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
@@ -1272,16 +906,16 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)  # the GPU serves; no copies
     samples = []
-    monkeypatch.setattr(index, "_learn_rates", lambda batch: samples.append(batch.in_place_lookups))
-    cached = {c for c in index._chunks if c in index._cache}
+    monkeypatch.setattr(index._executor, "learn_rates", lambda batch: samples.append(batch.in_place_lookups))
+    cached = {c for c in index._store.chunks if c in index._cache}
     assert 0 < len(cached) < index.num_chunks
     ref = Reference(keys, "int64")
     for n in (1, 700):
         q = torch.cat([point_queries(keys, n, gen), torch.tensor([I64_MIN, I64_MAX] * (n > 1), dtype=torch.int64)])
         lo = _key_ordered(index, q, device)
-        chunk_of = index._chunk_of(lo.cpu())
-        in_cached = sum(int((chunk_of == index._chunks.index(c)).sum()) for c in cached)
-        hit_chunks = sum(int((chunk_of == index._chunks.index(c)).any()) for c in cached)
+        ids = chunk_of(index, lo)
+        in_cached = sum(int((ids == index._store.chunks.index(c)).sum()) for c in cached)
+        hit_chunks = sum(int((ids == index._store.chunks.index(c)).any()) for c in cached)
         calls.clear()
         samples.clear()
         index.reset_stats()
@@ -1290,16 +924,14 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
         assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
         # the in-place rate's samples: the one launch's in-place queries, and their share of its time by the planned
         # rates (equal here: by count)
-        if n > 1 and group_cached:
+        if n > 1:
             ((_, _, m, share),) = samples[0]
             assert m == lo.numel() - in_cached and share == pytest.approx(m / lo.numel())
         assert s["chunk_hits"] == hit_chunks and s["chunk_misses"] == 0
-        queues = hit_chunks + len(set(chunk_of.tolist()) - {index._chunks.index(c) for c in cached})
+        queues = hit_chunks + len(set(ids.tolist()) - {index._store.chunks.index(c) for c in cached})
         if n > 1:
             assert hit_chunks > 0 and queues > hit_chunks + 1
-            # on: one launch for every queue; off: the cached chunks' queues apart, the others together
-            assert calls == ([[False] * (queues - hit_chunks) + [True] * hit_chunks] if group_cached
-                             else [[False] * (queues - hit_chunks)])
+            assert calls == [[False] * (queues - hit_chunks) + [True] * hit_chunks]  # one launch for every queue
         else:
             assert calls == []  # one queue: a launch of its own
 
@@ -1307,15 +939,11 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch, group_
 def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkeypatch):
     """With the GPU reading nothing in place (read_in_place off), a batch sorted by key keeps a launch per cached
     queue: cached queues join only a launch that reads some queue in place."""
-    import torch_rtindex.chunked as chunked_module
-
-    monkeypatch.setattr(chunked_module, "GROUP_CACHED", True)
-    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
     calls = _recorded_groups(monkeypatch, lambda tasks, S: len(tasks))
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
     index.lookup(keys.to(device))  # every chunk cached
-    assert all(c in index._cache for c in index._chunks)
+    assert all(c in index._cache for c in index._store.chunks)
     index.processors, index.read_in_place = "auto", False
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1e12, gpu=1e9, in_place=1e9)
     lo = _key_ordered(index, point_queries(keys, 500, gen), device)
@@ -1330,27 +958,23 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
     chunks there (on CUDA), the one launch's own among them: such a queue is read in place instead of from its old
     slot. Forced here on both devices: every cached chunk evicted and its slot overwritten as a view is made; the
     answers stay the reference's and no evicted chunk counts as a hit."""
-    import torch_rtindex.chunked as chunked_module
-
-    monkeypatch.setattr(chunked_module, "GROUP_CACHED", True)
-    monkeypatch.setattr(chunked_module, "IN_PLACE_WINDOW", 1 << 15)
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
     index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
-    cache, plain, evicted = index._cache, index._in_place_view, []
+    cache, plain, evicted = index._cache, index._store.in_place_view, []
 
     def evicting(chunk):
         if device == "cuda":
             torch.cuda.synchronize()  # the earlier lookups are done with the slots overwritten here
         for c, e in list(cache.entries.items()):
-            e.arena.storage()[e.off : e.off + _align(c.nbytes)].fill_(0xFF)
+            e.arena.storage()[e.off : e.off + align(c.nbytes)].fill_(0xFF)
             cache.evict(c)
             evicted.append(c)
         return plain(chunk)
 
-    monkeypatch.setattr(index, "_in_place_view", evicting)
+    monkeypatch.setattr(index._store, "in_place_view", evicting)
     q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
     lo = _key_ordered(index, q, device)
     index.reset_stats()
@@ -1401,38 +1025,6 @@ def test_lookup_queues_operator(device, gen):
         ops.cgrx_lookup_queues([x[0]], [x[1]], [x[2]], cfg, ordered, [0], [3], [0], -5)
 
 
-def test_scheduler_hands_out_plans_and_lets_an_idle_processor_take_over():
-    rates = Rates(cpu=1.0, copy=256.0, gpu=1e9)
-    d, a, b, c = _task(5, True), _task(10, nbytes=1024), _task(3, nbytes=1024), _task(2, nbytes=1024)
-    s = _Scheduler([a, b, c, d], gpu=True, cpu=True, rates=rates)
-    assert s.claim("gpu") is d and s.claim("gpu") is a
-    # the GPU has run out: it takes the CPU's last queue (b: 4 s on the GPU < the CPU's 5 s backlog)
-    assert s.claim("gpu") is b and b.proc == "gpu"
-    assert s.claim("gpu") is None  # c: 4 s on the GPU, the CPU's backlog is 2 s: the CPU keeps it
-    assert s.claim("cpu") is c and s.claim("cpu") is None and s.tasks == []
-    only = _Scheduler([_task(1), _task(5, fits=False)], gpu=True, cpu=False, rates=rates)
-    assert only.claim("gpu").size == 1 and only.claim("gpu") is None and only.claim("cpu").size == 5
-
-
-def test_cpu_calls_are_priced_as_the_cpu_makes_them():
-    """Grouped CPU queues pay whole calls; a queue of CPU_GROUP_QUERIES or more is one call of its own; a queue the
-    idle CPU takes over is answered alone, a whole call (a share priced it at almost nothing)."""
-    G = CPU_GROUP_QUERIES
-    rates = Rates(cpu=1e8, copy=1e9, gpu=1e9, in_place=1.6e8, cpu_call_s=7e-4, in_place_queue_s=4e-5)
-    big = _task(26 * G)
-    big.grouped = True
-    assert rates.cpu_end([big]) == pytest.approx(26 * G / 1e8 + 7e-4)  # one call, not 26
-    small = [_task(300, nbytes=1 << 30) for _ in range(12)]
-    for t in small:
-        t.grouped = True
-    assert rates.cpu_end(small) == pytest.approx(3600 / 1e8 + 7e-4)  # one call for all twelve
-    g, c = plan(small, rates)
-    assert c == [] and len(g) == 12  # in place: 12 x 42 us, against a 0.7 ms call
-    s = _Scheduler(small, gpu=True, cpu=True, rates=rates)
-    assert s.claim("cpu") is None  # one queue alone costs the CPU a call, more than the GPU's whole backlog
-    assert [s.claim("gpu") for _ in range(12)] == small
-
-
 # ------------------------------------------------------------------------------------------------- updates
 class Multiset:
     def __init__(self, keys, rows):
@@ -1458,8 +1050,8 @@ class Multiset:
 
 def pairs_of(index):
     out = Counter()
-    for c in index._chunks:
-        k, r = index._decode(c)
+    for c in index._store.chunks:
+        k, r = index._store.decode(c)
         out.update(zip(k.tolist(), r.tolist()))
     return Counter({(_signed(k), r): n for (k, r), n in out.items()})
 
@@ -1557,8 +1149,8 @@ def test_aggregates_summed_from_rows_when_values_sit_on_another_device(gen, monk
     lo, hi = range_queries(keys, 200, gen, 2**40)
     values = torch.randn(keys.numel(), dtype=torch.float64, generator=gen)
     want, want_r = index.aggregate(q, values), index.range_aggregate(lo, hi, values)
-    original = ChunkedIndex._answer
-    monkeypatch.setattr(ChunkedIndex, "_answer", lambda self, view, batch, a, b, S: original(
+    original = Executor.answer
+    monkeypatch.setattr(Executor, "answer", lambda self, view, batch, a, b, S: original(
         self, view, batch, a, b, torch.device("meta") if batch.form == "aggregate" else S))
     got, got_r = index.aggregate(q, values), index.range_aggregate(lo, hi, values)
     assert torch.equal(got.count, want.count) and torch.equal(got_r.count, want_r.count)
@@ -1566,7 +1158,25 @@ def test_aggregates_summed_from_rows_when_values_sit_on_another_device(gen, monk
     torch.testing.assert_close(got_r.sum, want_r.sum)
 
 
-def test_failed_updates_change_nothing(gen):
+def _fail(monkeypatch, cls, name, nth=1, after=False, error=torch.OutOfMemoryError):
+    """cls.name made to raise ``error`` on its nth call (``after``: once that call has run): a fault injected into a
+    unit, through its own method. Returns the list of calls made."""
+    plain, calls = getattr(cls, name), []
+
+    def failing(*args, **kw):
+        calls.append(name)
+        if len(calls) == nth and not after:
+            raise error(f"injected at {name}")
+        out = plain(*args, **kw)
+        if len(calls) == nth:
+            raise error(f"injected after {name}")
+        return out
+
+    monkeypatch.setattr(cls, name, failing)
+    return calls
+
+
+def test_failed_updates_change_nothing(gen, monkeypatch):
     keys = int64_keys("uniform", 2000, gen)
     index = chunked(keys, "cpu")
     q = keys[:300]
@@ -1578,47 +1188,41 @@ def test_failed_updates_change_nothing(gen):
         assert torch.equal(before.rows, after.rows) and torch.equal(before.offsets, after.offsets)
         assert len(index) == keys.numel() and [c["n"] for c in index.chunk_info()] == [c["n"] for c in info]
 
-    with pytest.raises(ValueError, match="rows must be row IDs >= 0"):
+    with pytest.raises(ValueError, match="rows must be row IDs in 0 .. 2"):
         index.insert(keys[:5], rows=torch.tensor([1, 2, -3, 4, 5]))
     with pytest.raises(ValueError, match="one row ID per key"):
         index.delete(keys[:5], rows=torch.tensor([1, 2]))
     with pytest.raises(TypeError, match="dtype"):
         index.insert(torch.tensor([1.5]))
     same()
-    calls = []
-
-    def fail_on_third_chunk(stage):
-        if stage == "build_chunk":
-            calls.append(stage)
-            if len(calls) == 3:
-                raise torch.OutOfMemoryError("injected: out of pinned memory")
-
-    index._fault = fail_on_third_chunk
-    with pytest.raises(torch.OutOfMemoryError, match="injected"):
-        index.update(insert_keys=keys[::100] + 1, delete_keys=keys[:50])  # touches many chunks
-    assert len(calls) == 3
+    with monkeypatch.context() as m:
+        calls = _fail(m, Builder, "build_chunk", nth=3)  # out of pinned memory building the third new chunk
+        with pytest.raises(torch.OutOfMemoryError, match="injected"):
+            index.update(insert_keys=keys[::100] + 1, delete_keys=keys[:50])  # touches many chunks
+        assert len(calls) == 3
     same()
-    index._fault = lambda stage: (_ for _ in ()).throw(RuntimeError("injected at commit")) if stage == "commit" else None
-    with pytest.raises(RuntimeError, match="commit"):
-        index.delete(keys[:10])
+    with monkeypatch.context() as m:  # a chunk built, then an error: nothing was swapped in yet
+        _fail(m, Builder, "build_chunk", nth=1, after=True, error=RuntimeError)
+        with pytest.raises(RuntimeError, match="injected after"):
+            index.delete(keys[:10])
     same()
-    index._fault = None
     assert index.delete(keys[:10]).deleted >= 10
 
 
-def test_a_failing_lookup_batch_leaves_the_index_usable(gen):
+def test_a_failing_lookup_batch_leaves_the_index_usable(gen, monkeypatch):
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", critical_mass=50)
     index.hot_tier = False  # it could answer a whole batch, and then no chunk task would run to fail
     q = keys[torch.randint(0, keys.numel(), (2000,), generator=gen)]
     want = index.lookup(q)
     # One processor per stage: with both, either may steal the other's queues, and the faulty stage might not run.
-    for stage, processors in (("cpu_task", "cpu"), ("gpu_task", "gpu")):
+    for processors in ("cpu", "gpu"):
         index.processors = processors
-        index._fault = lambda s, stage=stage: (_ for _ in ()).throw(torch.OutOfMemoryError("injected")) if s == stage else None
-        with pytest.raises(torch.OutOfMemoryError):
-            index.lookup(q)
-        index._fault = None
+        with monkeypatch.context() as m:
+            _fail(m, Executor, "answer", nth=2)
+            _fail(m, Executor, "answer_group", nth=1)
+            with pytest.raises(torch.OutOfMemoryError):
+                index.lookup(q)
         got = index.lookup(q)
         assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
         assert index.stats()["resident_bytes"] <= index.gpu_budget
@@ -1696,20 +1300,17 @@ def test_clear_errors(gen):
         ChunkedIndex(keys, device="cpu", gpu_budget=-1)
     index = chunked(keys, "cpu")
     with pytest.raises(TypeError, match="dtype"):
-        index.lookup(torch.tensor([1], dtype=torch.int32))
+        index.lookup(torch.tensor([1.0], dtype=torch.float64))
     with pytest.raises(ValueError, match="same length"):
         index.range(keys[:3], keys[:2])
     with pytest.raises(ValueError, match="one value per key"):
         index.aggregate(keys[:3], torch.ones(3))
     with pytest.raises(TypeError, match="capacity"):
         index.range_capped(keys[:3], keys[:3], 2.5)
-    index.processors = "both"
     with pytest.raises(ValueError, match="processors"):
-        index.lookup(keys[:3])
-    index.processors = "zero_copy"  # the GPU reading pinned host memory: a CUDA index only
+        index.processors = "both"
     with pytest.raises(ValueError, match="zero_copy.*CUDA"):
-        index.lookup(keys[:3])
-    index.processors = "auto"
+        index.processors = "zero_copy"  # the GPU reading pinned host memory: a CUDA index only
     assert index.lookup(keys[:3]).count.tolist() == [1, 1, 1]
     assert "ChunkedIndex(keys=505" in repr(index) and index.memory()["chunks"] > 0
 
@@ -1730,61 +1331,6 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     given = [r for r in result["runs"] if r["mode"] == "hot_given"]
     # the tier holds what it was given
     assert all(r["hot_keys"] == result["build"]["hot_capacity_given"] > 0 for r in given)
-
-
-@pytest.mark.parametrize("probe", ["tier_overlap_probe.py", "contention_probe.py", "chunk_pipeline_probe.py",
-                                   "lean_miss_probe.py"])
-def test_tier_probes_smoke_on_cpu(probe):
-    """The probes over a given tier run on the CPU at tiny sizes, and every variant's answers equal the library's."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / probe), "--device", "cpu", "--log-keys", "16", "--log-lookups",
-         "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("batch")]
-    assert len(lines) >= 4 and all(" same True " in x for x in lines)
-
-
-def test_miss_bound_probe_smoke_on_cpu():
-    """The floor probe runs on the CPU at tiny sizes, and every way's answers equal the library's."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "miss_bound_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--repeats", "1"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    out = proc.stdout
-    assert "in core median" in out and "1 in 8 misses" in out
-    assert "answers differing from the library's: 0 queues" in out
-
-
-def test_tier_profile_probe_smoke_on_cpu():
-    """The tier profile probe runs on the CPU at tiny sizes: a head of the hottest keys, then the tier, leaves the
-    same misses as the tier alone."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "tier_profile_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--heads", "8,10"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    heads = [x for x in proc.stdout.splitlines() if x.startswith("head")]
-    assert len(heads) == 6 and all(x.endswith("(same as the tier alone: True)") for x in heads)
-
-
-def test_sorted_misses_probe_smoke_on_cpu():
-    """The sorted-misses probe runs on the CPU at tiny sizes, and its sorted answers equal those as they come (a CPU
-    index reads nothing in place, so its window rounds take no grouped launch: that path is
-    test_point_queues_answered_in_groups's)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "sorted_misses_probe.py"), "--device", "cpu", "--log-keys", "16",
-         "--log-lookups", "14", "--hot-keys", "4096", "--chunk-mib", "0.0625", "--batches", "1", "--rounds", "1",
-         "--windows", "none,64", "--runs"],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(("library", "misses", "chunk", "batch"))]
-    assert len(lines) == 17 and all(x.endswith("same True") for x in lines)
 
 
 def test_readme_section_runs():
@@ -1819,7 +1365,7 @@ while time.time() < deadline:
             continue
         raise
     assert len(index) in states and states[len(index)] == count and rows == len(index), (len(index), count, rows)
-    seen.add(index._chunks[0].file["path"])
+    seen.add(index._store.chunks[0].file["path"])
     if done:
         break
 print("generations seen", len(seen))
@@ -1872,10 +1418,10 @@ def test_row_ids_past_2_31_and_2_32():
     """A chunk's row map holds unsigned 32-bit offsets when its rows span < 2^32, int64 beyond."""
     index = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
     index.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
-    assert index._chunks[0].specs[-1][1] == "int32"
+    assert index._store.chunks[0].specs[-1][1] == "int32"
     assert index.lookup_all(torch.tensor([5, 6])).rows.tolist() == [0, 3_000_000_000, 1, 2**31]
     index.insert(torch.tensor([7]), rows=torch.tensor([2**40]))
-    assert index._chunks[0].specs[-1][1] == "int64"
+    assert index._store.chunks[0].specs[-1][1] == "int64"
     assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 2**31, 2, 2**40]
     values = torch.zeros(2**20, dtype=torch.int64)
     with pytest.raises(ValueError, match="at least"):
@@ -1926,12 +1472,12 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     the answers are unchanged, also after updates that rewrite chunks; a budget without that room keeps none."""
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cuda", gpu_budget=64 * SMALL, updatable=updatable, processors="zero_copy", hot_keys=0)
-    assert index._search_budget > 0 and index.memory()["search"] == 0
+    assert index.stats()["search_budget"] > 0 and index.memory()["search"] == 0
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=300)
-    assert 0 < index.memory()["search"] <= index._search_budget
+    assert 0 < index.memory()["search"] <= index.stats()["search_budget"]
     assert index._cache.arena.buf is None  # reading in place only: the chunks' slab is never allocated
     assert index.memory()["search"] + index._cache.budget + index.memory()["hot"] <= index.gpu_budget
-    for c in index._chunks:  # a view made by an in-place read: its search part is not in the pinned blob
+    for c in index._store.chunks:  # a view made by an in-place read: its search part is not in the pinned blob
         if c.mapped_view is not None and c.mapped_view.resident:
             lo, hi = c.host.data_ptr(), c.host.data_ptr() + c.host.numel()
             assert not lo <= c.mapped_view.index._reps.data_ptr() < hi
@@ -1950,9 +1496,9 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert torch.equal(got.count.cpu(), want.count)
     hit = want.count > 0
     assert torch.equal(got.first_row.cpu()[hit], rows[want.first_row[hit]])
-    largest = max(_align(c.nbytes) for c in index._chunks)
+    largest = max(align(c.nbytes) for c in index._store.chunks)
     tight = chunked(keys, "cuda", gpu_budget=2 * largest + 64, processors="zero_copy", hot_keys=0)
-    assert tight._search_budget == 0  # less the search parts, the budget holds fewer than two chunks
+    assert tight.stats()["search_budget"] == 0  # less the search parts, the budget holds fewer than two chunks
     assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0)._search_budget == 0
     check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
     assert tight.memory()["search"] == 0
@@ -1966,7 +1512,7 @@ def _arena_accounted(index, views=()):
     cache = index._cache
     for arena in cache.arenas:
         arena.reclaim()
-    live = {id(c.mapped_view): c.mapped_view for c in index._chunks if c.mapped_view is not None}
+    live = {id(c.mapped_view): c.mapped_view for c in index._store.chunks if c.mapped_view is not None}
     live.update((id(v), v) for v in (r() for r in views) if v is not None)
     free = sum(size for arena in cache.arenas for _, size in arena.free)
     search = sum(v.resident for v in live.values())
@@ -1981,24 +1527,24 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     their slots back."""
     keys = int64_keys("uniform", 4000, gen)
     probe = chunked(keys, "cpu", hot_keys=0)
-    largest = max(_align(c.nbytes) for c in probe._chunks)
-    search = int(sum(_search_bytes(c.specs) for c in probe._chunks) * SEARCH_SLACK)
+    largest = max(align(c.nbytes) for c in probe._store.chunks)
+    search = int(sum(search_bytes(c.specs) for c in probe._store.chunks) * SEARCH_SLACK)
     index = chunked(keys, "cuda", gpu_budget=3 * largest + search, hot_keys=0)
     cache = index._cache
-    assert index._search_budget == search and cache.shared.budget == search and cache.budget == 3 * largest
+    assert index.stats()["search_budget"] == search and cache.shared.budget == search and cache.budget == 3 * largest
     index.processors = "gpu"  # every queue copied in (the reservation stays), none taken over by the CPU
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # chunks fill both slabs
     assert any(e.arena is cache.shared for e in cache.entries.values())
     # ids: chunks kept alive would keep their views
     in_first = {id(c) for c, e in cache.entries.items() if e.arena is cache.arena}
-    assert all(index._in_place_view(c).resident == _search_bytes(c.specs) for c in index._chunks)
-    assert index.memory()["search"] == sum(_search_bytes(c.specs) for c in index._chunks)
+    assert all(index._store.in_place_view(c).resident == search_bytes(c.specs) for c in index._store.chunks)
+    assert index.memory()["search"] == sum(search_bytes(c.specs) for c in index._store.chunks)
     assert in_first <= {id(c) for c in cache.entries}  # the first slab's chunks stayed
     base = cache.shared.buf.data_ptr()
-    parts = [p for c in index._chunks for p in (c.mapped_view.index._reps.data_ptr(),
+    parts = [p for c in index._store.chunks for p in (c.mapped_view.index._reps.data_ptr(),
                                                  c.mapped_view.index._table.data_ptr())]
     assert all(base <= p < base + cache.shared.budget for p in parts)
-    assert not any(base + e.off <= p < base + e.off + _align(c.nbytes)
+    assert not any(base + e.off <= p < base + e.off + align(c.nbytes)
                    for c, e in cache.entries.items() if e.arena is cache.shared for p in parts)
     assert _arena_accounted(index)
     assert index.memory()["cache"] + index.memory()["search"] + index.memory()["hot"] <= index.gpu_budget
@@ -2006,7 +1552,7 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     index.processors = "zero_copy"
     check_all_forms(index, keys, "int64", gen, "cuda", n_q=3000)  # in-place reads through them
     before = index.memory()["search"]
-    views = [weakref.ref(c.mapped_view) for c in index._chunks]
+    views = [weakref.ref(c.mapped_view) for c in index._store.chunks]
     index.insert((keys[:40] + 1).cuda(), torch.arange(4000, 4040, device="cuda"))  # its chunks' views go
     assert index.memory()["search"] < before and _arena_accounted(index, views)
     ref = Reference(torch.cat([keys, keys[:40] + 1]), "int64")
@@ -2020,7 +1566,7 @@ def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):
     size (the config's cold bit); an index of its own, and the hot tier, do not. The answers are the same."""
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
-    view = index._host_view(index._chunks[0])
+    view = index._store.host_view(index._store.chunks[0])
     plain = CgRXIndex(keys)
     assert view.index._cold and not plain._cold
     assert index.lookup(keys[:5]).count.tolist() == [1] * 5
@@ -2049,7 +1595,7 @@ def test_cold_lookups_answer_as_warm_ones(gen, dist):
 
 def test_a_cpu_index_keeps_no_search_part():
     index = chunked(torch.arange(2000), "cpu", gpu_budget=64 * SMALL, hot_keys=0)
-    assert index._search_budget == 0 and index.memory()["search"] == 0
+    assert index.stats()["search_budget"] == 0 and index.memory()["search"] == 0
 
 
 def test_a_chunk_grown_past_the_cache_is_served_by_the_cpu():
@@ -2079,7 +1625,7 @@ def same_answers(a, b, probe, device, values=True):
                  (a.range_capped(lo, hi, 20), b.range_capped(lo, hi, 20))):
         assert all(torch.equal(s, t) for s, t in zip(x, y))
     if values:  # one value per row ID handed out so far
-        values = (torch.arange(max(a._next_row, b._next_row), dtype=torch.int64) * 7 - 3).to(device)
+        values = (torch.arange(max(a.next_row, b.next_row), dtype=torch.int64) * 7 - 3).to(device)
         for x, y in ((a.aggregate(q, values), b.aggregate(q, values)),
                      (a.range_aggregate(lo, hi, values), b.range_aggregate(lo, hi, values))):
             assert torch.equal(x.count, y.count) and torch.equal(x.sum, y.sum)
@@ -2148,15 +1694,15 @@ def test_updatable_rows_beyond_a_chunks_32_bit_window_rebuild_it():
     twin = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
     for ix in (index, twin):
         ix.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
-    assert index.stats()["chunks_updated_in_place"] == 1 and index._chunks[0].specs[-1][2] == 0  # no row map
+    assert index.stats()["chunks_updated_in_place"] == 1 and index._store.chunks[0].specs[-1][2] == 0  # no row map
     for ix in (index, twin):
         ix.insert(torch.tensor([7, 6]), rows=torch.tensor([2**40, 1]))
-    assert index.stats()["chunks_rebuilt"] == 1 and index._chunks[0].specs[-1][2] == 7  # an int64 row map
+    assert index.stats()["chunks_rebuilt"] == 1 and index._store.chunks[0].specs[-1][2] == 7  # an int64 row map
     assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 1, 2**31, 2, 2**40]
     for ix in (index, twin):
         ix.update(insert_keys=torch.tensor([6]), insert_rows=torch.tensor([4]), delete_keys=torch.tensor([7]),
                   delete_rows=torch.tensor([2**40]))
-    assert index.stats()["chunks_rebuilt"] == 2 and index._chunks[0].specs[-1][2] == 0  # back in the window
+    assert index.stats()["chunks_rebuilt"] == 2 and index._store.chunks[0].specs[-1][2] == 0  # back in the window
     same_answers(index, twin, [5, 6, 7, 4, 8, 5], "cpu", values=False)
 
 
@@ -2185,7 +1731,7 @@ def test_updatable_slack_overflow_falls_back_and_growth_splits():
     keys = torch.arange(0, 30000, 10)
     index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20, node_size=4, growth=1.0)
     twin = chunked(keys, "cpu", gpu_budget=1 << 20)
-    n0, T = index.num_chunks, index._chunk_keys(len(index))
+    n0, T = index.num_chunks, index._builder.chunk_keys(len(index))
     c = index.num_chunks // 2
     lo = index.chunk_info()[c]["lo"] ^ -(2**63)
     # growth 1.0 leaves a node or so of slack: a batch that splits nodes needs more, and the chunk is rebuilt
@@ -2233,16 +1779,16 @@ def test_update_touching_few_chunks_changes_only_those_in_place(gen):
     index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20)
     index.processors = "gpu"
     index.lookup(keys)  # every chunk loaded and cached
-    before = {id(c): (c.host.data_ptr(), c.host.clone()) for c in index._chunks}
-    target = index._chunks[2]
+    before = {id(c): (c.host.data_ptr(), c.host.clone()) for c in index._store.chunks}
+    target = index._store.chunks[2]
     k = torch.tensor([index.chunk_info()[2]["lo"] ^ -(2**63)])
     res = index.update(insert_keys=k, delete_keys=keys[:0])
     assert res.inserted == 1
     s = index.stats()
     assert (s["chunks_updated_in_place"], s["chunks_rebuilt"]) == (1, 0)
-    assert index._chunks[2] is target and target.host.data_ptr() == before[id(target)][0]  # the same blob, changed
+    assert index._store.chunks[2] is target and target.host.data_ptr() == before[id(target)][0]  # the same blob, changed
     assert not torch.equal(target.host, before[id(target)][1]) and target not in index._cache
-    for c in index._chunks:
+    for c in index._store.chunks:
         if c is not target:
             assert id(c) in before and torch.equal(c.host, before[id(c)][1]) and c in index._cache
     assert index.lookup_all(k).rows.tolist()[-1] == keys.numel()
@@ -2251,7 +1797,7 @@ def test_update_touching_few_chunks_changes_only_those_in_place(gen):
 def _all_answers(index, probe):
     q = torch.tensor(probe)
     lo, hi = q.sort().values[::2].contiguous(), q.sort().values[1::2].contiguous()
-    values = torch.arange(index._next_row, dtype=torch.float64)  # one value per row ID
+    values = torch.arange(index.next_row, dtype=torch.float64)  # one value per row ID
     out = [*index.lookup(q), *index.lookup_all(q), *index.range(lo, hi), *index.range_lookup(lo, hi),
            *index.aggregate(q, values), *index.range_aggregate(lo, hi, values), *index.lookup_all_capped(q, 5),
            *index.range_capped(lo, hi, 7)]
@@ -2264,9 +1810,12 @@ def _equal(a, b):
         assert torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
 
 
-@pytest.mark.parametrize("stage,nth", [("plan_chunk", 1), ("plan_chunk", 4), ("build_chunk", 1),
-                                       ("apply_chunk", 1), ("apply_chunk", 3), ("commit", 1)])
-def test_updatable_failed_update_at_each_stage_changes_nothing(gen, stage, nth):
+@pytest.mark.parametrize("stage,nth,after", [("plan_in_place", 1, False), ("plan_in_place", 4, False),
+                                             ("build_chunk", 1, False), ("apply", 1, False), ("apply", 3, False),
+                                             ("apply", -1, True)])
+def test_updatable_failed_update_at_each_stage_changes_nothing(gen, monkeypatch, stage, nth, after):
+    """An error in any stage of an update (planning a chunk in place, building a rebuilt one, applying one in
+    place, or after the last apply: -1) leaves every answer as it was, and the same batch applies after."""
     keys = int64_keys("uniform", 2000, gen)
     index = chunked(keys, "cpu", updatable=True, node_size=4)
     twin = chunked(keys, "cpu", node_size=4)
@@ -2277,18 +1826,18 @@ def test_updatable_failed_update_at_each_stage_changes_nothing(gen, stage, nth):
     probe = keys[::37].tolist() + (keys[::150] + 1).tolist() + overflow[:1].tolist()
     index.lookup(keys[::7].contiguous())  # some chunks cached
     want = _all_answers(index, probe)
-    calls = []
-
-    def fault(s):
-        if s == stage:
-            calls.append(s)
-            if len(calls) == nth:
-                raise torch.OutOfMemoryError(f"injected at {s}")
-
-    index._fault = fault
-    with pytest.raises(torch.OutOfMemoryError, match=f"injected at {stage}"):
-        index.update(**batch)
-    index._fault = None
+    unit = {"plan_in_place": Updater, "build_chunk": Builder, "apply": InPlace}[stage]
+    if nth < 0:  # the last chunk updated in place
+        counted = []
+        with monkeypatch.context() as m:
+            m.setattr(InPlace, "apply", lambda self, plain=InPlace.apply: (counted.append(1), plain(self))[1])
+            twin_counts = chunked(keys, "cpu", updatable=True, node_size=4)
+            twin_counts.update(**batch)
+        nth = len(counted)
+    with monkeypatch.context() as m:
+        _fail(m, unit, stage, nth=nth, after=after)
+        with pytest.raises(torch.OutOfMemoryError, match=f"injected (at|after) {stage}"):
+            index.update(**batch)
     _equal(_all_answers(index, probe), want)
     assert index.stats()["chunks_updated_in_place"] == index.stats()["chunks_rebuilt"] == 0
     for ix in (index, twin):  # and usable: the same batch applies
@@ -2350,7 +1899,7 @@ def test_state_dict_round_trip_after_updates(gen, updatable):
     buf.seek(0)
     state = torch.load(buf, weights_only=True)
     again = ChunkedIndex.from_state_dict(state, device="cpu", gpu_budget=1 << 17)
-    assert again.updatable == updatable and again._next_row == index._next_row and len(again) == len(index)
+    assert again.updatable == updatable and again.next_row == index.next_row and len(again) == len(index)
     _equal(_all_answers(again, probe)[:-1], _all_answers(index, probe)[:-1])
     more = dict(insert_keys=keys[5:8] * 3, delete_keys=keys[100:103])  # it takes further updates alike
     index.update(**more)
@@ -2393,17 +1942,17 @@ def test_updatable_every_form_and_key_type(device, gen, key_type, kind):
     index.delete(ins.to(device), rows=res.rows)
     if kind != "duplicates":  # there a chunk of one run of 1000 keys plus others grows past twice its size
         assert index.stats()["chunks_rebuilt"] == 0
-    check_all_forms(index, keys, key_type, gen, device, n_q=300, values_n=index._next_row)
+    check_all_forms(index, keys, key_type, gen, device, n_q=300, values_n=index.next_row)
 
 
 def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them():
     index = chunked(torch.arange(2000), "cpu", updatable=True, gpu_budget=1 << 20, growth=4.0)
     twin = chunked(torch.arange(2000), "cpu", gpu_budget=1 << 20)
-    T = index._chunk_keys(len(index))
+    T = index._builder.chunk_keys(len(index))
     for ix in (index, twin):
         ix.insert(torch.full((3 * T,), 0))  # the first chunk grows past 2T: rebuilt, its run of 0s cut out
     assert index.stats()["chunks_rebuilt"] == 1
-    run = next(c for c in index._chunks if c.n > 2 * T)
+    run = next(c for c in index._store.chunks if c.n > 2 * T)
     assert run.kmin == run.kmax  # a chunk of 0s alone
     for ix in (index, twin):
         ix.insert(torch.full((5,), 0))  # a run of one key: no rebuild could cut it, so in place
@@ -2445,7 +1994,7 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     rows = torch.where(ordered > ordered.median(), sr * 2**22 + 2**40, sr)
     sk = ordered ^ -(2**63)
     index = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 17)
-    maps = [dict((s[0], s[2]) for s in c.specs)["l2g"] for c in index._chunks]
+    maps = [dict((s[0], s[2]) for s in c.specs)["l2g"] for c in index._store.chunks]
     assert any(m == 0 for m in maps) and any(m > 0 for m in maps), maps  # both kinds of chunk
     by_key: dict[int, list[int]] = {}
     for k, r in zip(sk.tolist(), rows.tolist()):
@@ -2472,9 +2021,9 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     for prio, direct in ((low[:60], True), (torch.cat([low[:30], high[:30]]), False)):
         tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
         held = tiered.warm(prio)  # the keys, in order, as far as their rows fit the tier
-        assert 20 < held <= prio.numel() and tiered._tier["direct"] is direct
-        assert tiered._tier["tensors"]["rows"].numel() == (0 if direct else tiered._tier["pairs_n"])
-        tier_keys = tiered._tier_keys()
+        assert 20 < held <= prio.numel() and tiered._hot.tier["direct"] is direct
+        assert tiered._hot.tier["tensors"]["rows"].numel() == (0 if direct else tiered._hot.tier["pairs_n"])
+        tier_keys = tiered._hot.keys()
         assert tier_keys.numel() == held and bool(torch.isin(tier_keys, prio).all())
         _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(index.lookup(q)) + list(index.lookup_all(q)))
         hp = tier_keys[torch.randint(0, held, (300,), generator=gen)]
@@ -2486,20 +2035,3 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     assert manifest["version"] == 3
     again = ChunkedIndex.open(tmp_path / "ix", device="cpu", gpu_budget=1 << 17)
     _equal(list(again.lookup(q)) + list(again.lookup_all(q)), list(index.lookup(q)) + list(index.lookup_all(q)))
-
-
-def test_the_cache_rate_is_learned_from_big_queues_only(gen):
-    """Cached queues of a few thousand lookups (a tiered batch's only cached ones), timed mostly by the host issuing
-    them, once priced the cache below the in-place reads, and the next uniform batch read every chunk in place
-    instead of copying (benchmarks/results/). Queues under RATE_QUEUE leave the cache's rate alone; big ones set it."""
-    keys = int64_keys("uniform", 3000, gen)
-    index = chunked(keys, "cpu", hot_keys=0)
-    before = index.rates().gpu
-    small = _Batch("lookup", keys[:10], None, None, torch.device("cpu"), None)
-    small.gpu_lookups = [(None, 280e-6, 15000, 1.0), (None, 200e-6, 3700, 1.0)]  # what the H100 run timed: 53-80 M/s
-    index._learn_rates(small)
-    assert index.rates().gpu == before
-    big = _Batch("lookup", keys[:10], None, None, torch.device("cpu"), None)
-    big.gpu_lookups = [(None, 1e-3, 1 << 21, 1.0), (None, 0.3e-3, 1 << 18, 1.0)]
-    index._learn_rates(big)
-    assert index.rates().gpu != before and index.rates().gpu > 1e9

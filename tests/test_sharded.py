@@ -1,56 +1,132 @@
-"""ShardedIndex across processes: 2, 3 and 4 ranks with gloo on the CPU (and NCCL on two GPUs, and on every GPU
-of a machine with more), every answer checked against the numpy reference over the concatenated keys (tests/sharded_worker.py)."""
+"""ShardedIndex across processes: every check of tests/sharded_worker.py as a test case of its own, run on a pool
+of processes with torch.distributed initialized once per world size (tests/dist_harness.py): gloo on the CPU
+with 1, 2, 3 and 4 ranks, NCCL on the GPUs where there are enough. Every answer is checked against the numpy
+reference over the concatenated keys."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
+from dist_harness import available, run_on_ranks, skip_unless_available
+from sharded_worker import KEY_SET_NAMES
 
-import sharded_worker
-from torch_rtindex.distributed import spawn
-
-TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
-
-
-def test_sharded_gloo_two_three_four_ranks():
-    """Process start-up dominates the cost, so one group of four processes runs every check on 2-rank groups
-    (two side by side), a 3-rank group and all 4 ranks (sharded_worker.run, layout "2+3+4"), then, on all 4
-    ranks, bad input or a fault on each rank in turn at every stage between two collectives, with every rank's
-    sequence of collectives recorded and compared (sharded_worker.collective_sequences: gloo is synchronous,
-    the recorder shows the sequences as NCCL would have to match them)."""
-    spawn(sharded_worker.run, 4, 0, "2+3+4", timeout_s=120, join_timeout_s=400)
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+# Where a case's worlds differ from the key sets': groups of two are the default, every case runs on three too
+# (a middle rank sends its own pieces through the exchange), the 1- and 4-rank groups on some.
+KEY_SET_CASES = ([(2, n) for n in KEY_SET_NAMES] + [(3, n) for n in KEY_SET_NAMES]
+                 + [(1, n) for n in ("uniform", "duplicates", "float64")]
+                 + [(4, n) for n in ("uniform", "duplicates", "last_rank_empty", "int32")])
 
 
-@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
-def test_sharded_nccl_two_gpus():
-    spawn(sharded_worker.run, 2, 0, "world", backend="nccl", timeout_s=120, join_timeout_s=600)
+def _world(world: int):
+    return pytest.param(world, marks=skip_unless_available(world), id=f"{world}ranks")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 3, reason="needs 3+ CUDA GPUs")
-def test_sharded_nccl_every_gpu():
-    """Every check through NCCL with one rank per GPU of the machine: middle ranks (neither first nor last)
-    send their own pieces through the exchange."""
-    spawn(sharded_worker.run, torch.cuda.device_count(), 0, "world", backend="nccl", timeout_s=120,
-          join_timeout_s=600)
+@pytest.mark.parametrize("world,name", [pytest.param(w, n, marks=skip_unless_available(w), id=f"{w}ranks-{n}")
+                                        for w, n in KEY_SET_CASES])
+def test_key_set(world, name):
+    run_on_ranks(world, "sharded_worker:key_set", name, timeout=300)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_sharded_nccl_one_gpu():
-    """Every answer through NCCL's code paths with one rank: what the one-GPU machine can run (and run under
-    compute-sanitizer: benchmarks/gpu_check.sh memcheck)."""
-    spawn(sharded_worker.run, 1, 0, "one", backend="nccl", timeout_s=120, join_timeout_s=400)
+@pytest.mark.parametrize("world", [_world(w) for w in (1, 2, 3, 4)])
+def test_updates(world):
+    run_on_ranks(world, "sharded_worker:updates", timeout=300)
 
 
-@pytest.mark.skipif(not TWO_GPUS, reason="needs two CUDA GPUs")
-def test_sharded_nccl_cuda_graph():
-    spawn(sharded_worker.cuda_graph, 2, backend="nccl", timeout_s=120, join_timeout_s=300)
+@pytest.mark.parametrize("world", [_world(w) for w in (2, 3, 4)])
+def test_errors(world):
+    """Bad input or a failing local lookup on one rank: every rank raises, naming it; the index still answers."""
+    run_on_ranks(world, "sharded_worker:errors", timeout=300)
 
 
+@pytest.mark.parametrize("world", [_world(w) for w in (2, 3)])
+def test_fixed_forms_have_no_host_sync(world):
+    run_on_ranks(world, "sharded_worker:fixed_has_no_host_sync", timeout=300)
+
+
+@pytest.mark.parametrize("world", [_world(w) for w in (2, 3)])
+def test_local_index_kinds(world):
+    """RX, cgRX variants, updatable and out-of-core (ChunkedIndex) shards answer the same."""
+    run_on_ranks(world, "sharded_worker:local_factories", timeout=300)
+
+
+@pytest.mark.parametrize("world", [_world(w) for w in (2, 3, 4)])
+def test_uint64_keys(world):
+    run_on_ranks(world, "sharded_worker:uint64_dtype", timeout=300)
+
+
+@skip_unless_available(2)
+def test_stats():
+    run_on_ranks(2, "sharded_worker:profile")
+
+
+@skip_unless_available(2)
+def test_id_to_row():
+    run_on_ranks(2, "sharded_worker:id_to_row")
+
+
+@pytest.mark.parametrize("world", [_world(w) for w in (1, 2)])
+def test_lookup_fixed_compiles_fullgraph(world):
+    run_on_ranks(world, "sharded_worker:compiles", timeout=300)
+
+
+@skip_unless_available(4)
+def test_groups_side_by_side():
+    """Two 2-rank groups, then a 3-rank and a 1-rank group, working at the same time."""
+    run_on_ranks(4, "sharded_worker:subgroups", timeout=300)
+
+
+@pytest.mark.parametrize("world", [_world(w) for w in (2, 4)])
+def test_collective_sequences_under_faults(world):
+    """Bad input or a fault on each rank in turn at every stage between two collectives, with every rank's
+    collectives recorded and compared (gloo is synchronous; the recorder shows the sequences as NCCL would have
+    to match them)."""
+    run_on_ranks(world, "sharded_worker:sequences", uuid.uuid4().hex, timeout=600)
+
+
+# -------------------------------------------------------------------------------------------- NCCL, GPUs
+NCCL_WORLDS = [w for w in (1, 2, GPUS) if w >= 1 and available(w, "nccl")[0]]
+
+
+@pytest.mark.skipif(not NCCL_WORLDS, reason="needs CUDA GPUs and NCCL")
+@pytest.mark.parametrize("world", sorted(set(NCCL_WORLDS)) or [1])
+@pytest.mark.parametrize("name", KEY_SET_NAMES)
+def test_nccl_key_set(world, name):
+    if world == 1 and name == "last_rank_empty":
+        pytest.skip("one rank has no other rank to leave empty")
+    run_on_ranks(world, "sharded_worker:key_set", name, backend="nccl", timeout=300)
+
+
+@pytest.mark.skipif(not NCCL_WORLDS, reason="needs CUDA GPUs and NCCL")
+@pytest.mark.parametrize("world", sorted(set(NCCL_WORLDS)) or [1])
+@pytest.mark.parametrize("case", ["updates", "compiles", "uint64_dtype", "local_factories"])
+def test_nccl_case(world, case):
+    run_on_ranks(world, f"sharded_worker:{case}", backend="nccl", timeout=300)
+
+
+@pytest.mark.skipif(not available(2, "nccl")[0], reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("case", ["errors", "fixed_has_no_host_sync", "profile", "id_to_row"])
+def test_nccl_two_gpus(case):
+    run_on_ranks(2, f"sharded_worker:{case}", backend="nccl", timeout=300)
+
+
+@pytest.mark.skipif(not available(2, "nccl")[0], reason="needs two CUDA GPUs")
+def test_nccl_collective_sequences():
+    run_on_ranks(2, "sharded_worker:sequences", uuid.uuid4().hex, backend="nccl", timeout=600)
+
+
+@pytest.mark.skipif(not available(2, "nccl")[0], reason="needs two CUDA GPUs")
+def test_nccl_cuda_graph():
+    run_on_ranks(2, "sharded_worker:cuda_graph", backend="nccl", timeout=300)
+
+
+# ------------------------------------------------------------------------------------ single process
 def test_import_does_not_load_torch_distributed_eagerly():
     code = "import sys, torch_rtindex; print('torch_rtindex.distributed' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

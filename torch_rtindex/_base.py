@@ -47,6 +47,13 @@ def query_sort_bits(smallest: int, largest: int) -> tuple[int, int]:
     return max(0, end - QUERY_SORT_BITS), end
 
 
+def mark_static_address(t: torch.Tensor) -> None:
+    """What ``torch._dynamo.mark_static_address(t)`` does (its ``guard=False`` form), without importing
+    torch._dynamo: that import (torch.fx's symbolic shapes, torch.distributed's FSDP and more) costs seconds, and
+    an index built by eager code must not pay it. tests/test_install_first_call.py checks the two agree."""
+    t._dynamo_static_input_type = "unguarded"
+
+
 def _ops():
     _extension.load()
     return torch.ops.rtindex
@@ -163,7 +170,7 @@ class IndexBase:
             # CUDA graphs read them where they are instead of copying them into the graph's own buffers every call
             # (a guard recompiles when a rebuild replaces them).
             for t in self._lead:
-                torch._dynamo.mark_static_address(t)
+                mark_static_address(t)
         self._cfg = self._config(self.key_type)
         self._cfg_ordered = self._config("uint64")
         self._cuda = self.device.type == "cuda"

@@ -1,12 +1,24 @@
-"""Just-in-time build of the C++/CUDA extension and of the OptiX device programs.
+"""The C++/CUDA extension and the OptiX device programs: a prebuilt extension from the wheel, else a just-in-time
+build in a content-addressed cache.
 
-The extension is compiled with ``torch.utils.cpp_extension`` and ninja on first use, into a cache directory
-keyed by the torch/CUDA/Python versions, and rebuilt when a source or a flag changes. ``build_info.json`` in
-that directory records what was built and with which flags. A file lock serialises concurrent builds; a
-build that was interrupted (Ctrl-C, a killed job) leaves no state that blocks the next one.
+**Prebuilt.** A wheel built with ``pip wheel --no-build-isolation .`` (setup.py) carries the compiled extension
+and ``_prebuilt.json``, which records the torch, CUDA, C++ ABI and Python it was built against and the digest of
+its sources. At import the prebuilt extension is loaded when all of those match; otherwise the package says why
+and falls back to the JIT build.
 
-Without a CUDA toolkit, or with a CPU-only torch, only the CPU kernels are built; set
-``TORCH_RTINDEX_CPU_ONLY=1`` to force that.
+**Just in time.** ``torch.utils.cpp_extension`` and ninja compile the extension on first use into
+``<cache>/<backend>-<digest>/``, where the digest covers everything the binary depends on: the sources' contents,
+the source list and flags, the compiler, and the torch, CUDA and Python versions. It never covers the checkout's
+path: the sources are copied into that directory and built from there, since cpp_extension rebuilds whenever the
+absolute paths of its sources change. So any number of checkouts and environments share one cache without
+rebuilding each other; a finished build is never modified again and is loaded without running ninja. Every
+build says why it happens (which input differs from the last build used). ``build_info.json`` records each
+build's inputs. A file lock serialises concurrent builds of one digest; a build that was interrupted (Ctrl-C, a
+killed job) leaves no state that blocks the next one.
+
+The cache is ``$TORCH_RTINDEX_BUILD_DIR``, else ``$XDG_CACHE_HOME/torch_rtindex`` (``~/.cache/torch_rtindex``).
+Without a CUDA toolkit, or with a CPU-only torch, only the CPU kernels are built; set ``TORCH_RTINDEX_CPU_ONLY=1``
+to force that.
 """
 
 from __future__ import annotations
@@ -14,17 +26,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+PREBUILT_INFO = _PACKAGE_DIR / "_prebuilt.json"
 
 
 def _find_csrc() -> Path:
@@ -46,6 +62,10 @@ _CUDA_SOURCES = ["optix/optix_runtime.cpp", "optix/gas.cpp", "core/l2_residency.
                  "distributed/partition_cuda.cu"]
 # OptiX device programs, compiled to OptiX-IR by nvcc and loaded by the runtime at first use.
 _OPTIX_PROGRAMS = {"rx": "rx/rx_programs.cu", "cgrx": "cgrx/cgrx_programs.cu"}
+_SOURCE_SUFFIXES = (".h", ".cpp", ".cu", ".cuh")
+# Finished builds kept in one cache; older ones unused for a day are removed when a new one is made.
+_KEEP_BUILDS = 8
+_STALE_AFTER_S = 24 * 3600
 
 _loaded: dict | None = None
 _module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
@@ -84,9 +104,63 @@ def build_lock(build_dir: Path):
         yield
 
 
+def _say(msg: str) -> None:
+    print(f"torch_rtindex: {msg}", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ build inputs
+def read_sources(csrc: Path) -> dict[str, bytes]:
+    """Every C++/CUDA source and header under ``csrc`` by relative path. A build hashes and copies these very
+    bytes, so the digest describes what was compiled even if a file changes meanwhile."""
+    return {str(p.relative_to(csrc)): p.read_bytes() for p in sorted(csrc.rglob("*"))
+            if p.suffix in _SOURCE_SUFFIXES and p.is_file()}
+
+
+def _file_identity(path: str | None) -> dict:
+    """A program by its resolved path, size and modification time: a changed or replaced compiler is a new one.
+    Cheap (no process started), since it is part of every import's digest."""
+    if not path:
+        return {"path": None}
+    found = shutil.which(path)
+    if found is None:
+        return {"path": path, "missing": True}
+    real = os.path.realpath(found)
+    st = os.stat(real)
+    return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _torch_identity() -> dict:
+    return {"version": torch.__version__, "cuda": torch.version.cuda, "git": torch.version.git_version,
+            "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI)}
+
+
+def _python_identity() -> dict:
+    return {"version": sys.version.split()[0], "tag": sys.implementation.cache_tag, "abiflags": getattr(sys, "abiflags", "")}
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What one build compiles and how: its name (the module's, ``torch_rtindex_cpu``/``_cuda``), the source
+    tree, the sources (relative to it), the flags, and the OptiX program sets (name, source) with their arch."""
+
+    name: str
+    csrc: Path
+    sources: tuple[str, ...]
+    cflags: tuple[str, ...]
+    cuda_cflags: tuple[str, ...] = ()
+    ldflags: tuple[str, ...] = ()
+    with_cuda: bool = False
+    programs: tuple[tuple[str, str], ...] = ()
+    program_arch: str = ""
+
+    @property
+    def backend(self) -> str:
+        return "cuda" if self.with_cuda else "cpu"
+
+
 def _cuda_arch_flags() -> list[str]:
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return []  # cpp_extension reads it itself
+        return []  # cpp_extension reads it itself (and the digest records it)
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
@@ -100,23 +174,133 @@ def _program_arch() -> str:
     return "sm_90"
 
 
-def _sources_digest(paths: list[Path], flags: list[str]) -> str:
-    h = hashlib.sha256()
-    for p in sorted(CSRC.rglob("*")):
-        if p.is_file() and p.suffix in (".h", ".cpp", ".cu", ".cuh"):
-            h.update(str(p.relative_to(CSRC)).encode())
-            h.update(p.read_bytes())
-    for f in flags:
-        h.update(f.encode())
-    return h.hexdigest()[:16]
+def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True) -> BuildSpec:
+    """The package's extension. ``jit_arch``: target this machine's GPU (the JIT build); a wheel build instead
+    leaves the architectures to ``TORCH_CUDA_ARCH_LIST`` (setup.py)."""
+    defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}"]
+    # OpenMP: at::parallel_for is a header template whose `omp parallel` only exists where the including file is
+    # compiled with -fopenmp; without it every CPU kernel runs on one core. The .cu files get it too, since inline
+    # CPU helpers they share with the .cpp files must not be emitted in a serial version the linker may keep.
+    # The runtime is the libgomp torch already loaded (same soname), so torch.set_num_threads governs it.
+    cflags = ["-O3", "-std=c++17", "-fopenmp", *defines]
+    cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", *defines]
+    if jit_arch and with_cuda:
+        cuda_flags += _cuda_arch_flags()
+    return BuildSpec(
+        name=f"torch_rtindex_{'cuda' if with_cuda else 'cpu'}", csrc=csrc,
+        sources=tuple(_CPU_SOURCES + (_CUDA_SOURCES if with_cuda else [])),
+        cflags=tuple(cflags), cuda_cflags=tuple(cuda_flags) if with_cuda else (), ldflags=("-ldl", "-fopenmp"),
+        with_cuda=with_cuda, programs=tuple(_OPTIX_PROGRAMS.items()) if with_cuda else (),
+        program_arch=_program_arch() if with_cuda and jit_arch else "")
 
 
+def _compilers(spec: BuildSpec) -> dict:
+    cxx = os.environ.get("TORCH_RTINDEX_CXX") or os.environ.get("CXX") or "c++"
+    out = {"cxx": _file_identity(cxx.split()[0]), "cxx_env": [os.environ.get("TORCH_RTINDEX_CXX"), os.environ.get("CXX")]}
+    if spec.with_cuda:
+        from torch.utils import cpp_extension
+
+        out["nvcc"] = _file_identity(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+        out["cuda_arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    return out
+
+
+def build_inputs(spec: BuildSpec, sources: dict[str, bytes]) -> dict:
+    """Everything a build's binary depends on, as JSON: the digest is its hash, and a rebuild names the parts
+    that differ from the previous build's."""
+    return {
+        "sources": {rel: hashlib.sha256(data).hexdigest()[:16] for rel, data in sources.items()},
+        "build": {"name": spec.name, "sources": list(spec.sources), "cflags": list(spec.cflags),
+                  "cuda_cflags": list(spec.cuda_cflags), "ldflags": list(spec.ldflags),
+                  "programs": [list(p) for p in spec.programs], "program_arch": spec.program_arch,
+                  "program_flags": optix_program_flags(spec.program_arch or "sm_XX", Path("src")) if spec.programs else []},
+        "compiler": _compilers(spec),
+        "torch": _torch_identity(),
+        "python": _python_identity(),
+    }
+
+
+def digest_of(inputs: dict) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def sources_digest(sources: dict[str, bytes]) -> str:
+    """The digest of the source tree alone (what a prebuilt extension is checked against)."""
+    return digest_of({rel: hashlib.sha256(data).hexdigest() for rel, data in sources.items()})
+
+
+def explain_rebuild(previous: dict | None, inputs: dict) -> str:
+    """Why a build happens, in words: which inputs differ from ``previous`` (the last build used)."""
+    if previous is None:
+        return "no earlier build in this cache"
+    reasons = []
+    old_src, new_src = previous.get("sources", {}), inputs["sources"]
+    changed = sorted(k for k in new_src if k in old_src and old_src[k] != new_src[k])
+    added = sorted(set(new_src) - set(old_src))
+    removed = sorted(set(old_src) - set(new_src))
+    for what, names in (("changed", changed), ("added", added), ("removed", removed)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            reasons.append(f"sources {what}: {', '.join(names[:3])}{more}")
+    for key in ("build", "compiler", "torch", "python"):
+        old, new = _flatten(previous.get(key, {})), _flatten(inputs[key])
+        for field in sorted(set(old) | set(new)):
+            was, now = old.get(field), new.get(field)
+            if was == now:
+                continue
+            if isinstance(was, list) and isinstance(now, list):
+                change = [f"+{x}" for x in now if x not in was] + [f"-{x}" for x in was if x not in now]
+                reasons.append(f"{key} {field}: {' '.join(change) or 'reordered'}")
+            else:
+                reasons.append(f"{key} {field}: {_short(was)} -> {_short(now)}")
+    return "; ".join(reasons) or "the previous build is incomplete"
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _short(value) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+# ------------------------------------------------------------------------------------------------ OptiX programs
+def optix_program_flags(arch: str, csrc: Path = CSRC) -> list[str]:
+    """nvcc flags of the OptiX programs. RTINDEX_OPTIX_PROGRAMS turns the cache-hint loads (inline PTX that
+    OptiX's compiler rejects) into plain loads there (csrc/core/cache_hints.h)."""
+    return ["--optix-ir", f"-arch={arch}", "-std=c++17", "-O3", f"-I{csrc}", "-DRTINDEX_OPTIX_PROGRAMS=1"]
+
+
+def compile_optix_program(nvcc: str, csrc: Path, rel: str, arch: str, target: Path) -> None:
+    """nvcc --optix-ir of one program set, written atomically."""
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    cmd = [nvcc, *optix_program_flags(arch, csrc), str(csrc / rel), "-o", str(tmp)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"torch_rtindex: compiling the OptiX programs {rel} failed:\n{' '.join(cmd)}\n{res.stderr}")
+    os.replace(tmp, target)
+
+
+def _nvcc() -> str:
+    from torch.utils import cpp_extension
+
+    return os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+
+
+# ------------------------------------------------------------------------------------------------ the JIT build
 def _cxx_for_build(build_dir: Path) -> str | None:
     """The C++ compiler to link with, if $CXX must be overridden.
 
     A compiler set up to link libstdc++ statically (some images wrap g++ that way) gives the extension its
     own C++ runtime, and the first exception thrown from it (every bad-input error) then crashes the process
-    instead of reaching Python. That is checked once per compiler by linking a probe library.
+    instead of reaching Python. That is checked by linking a probe library, when a build runs.
     """
     explicit = os.environ.get("TORCH_RTINDEX_CXX")
     if explicit:
@@ -130,7 +314,7 @@ def _cxx_for_build(build_dir: Path) -> str | None:
             "unset CXX or point it at an installed C++ compiler (g++, clang++)"
         )
     probe_dir = build_dir / "cxx_probe"
-    probe_dir.mkdir(exist_ok=True)
+    probe_dir.mkdir(parents=True, exist_ok=True)
     src = probe_dir / "probe.cpp"
     src.write_text("#include <stdexcept>\nvoid rtindex_probe() { throw std::runtime_error(\"x\"); }\n")
     lib = probe_dir / "probe.so"
@@ -145,114 +329,225 @@ def _cxx_for_build(build_dir: Path) -> str | None:
     return fallback
 
 
-def _say(msg: str) -> None:
-    print(f"torch_rtindex: {msg}", file=sys.stderr, flush=True)
+def _import_library(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def optix_program_flags(arch: str) -> list[str]:
-    """nvcc flags of the OptiX programs. RTINDEX_OPTIX_PROGRAMS turns the cache-hint loads (inline PTX that
-    OptiX's compiler rejects) into plain loads there (csrc/core/cache_hints.h)."""
-    return ["--optix-ir", f"-arch={arch}", "-std=c++17", "-O3", f"-I{CSRC}", "-DRTINDEX_OPTIX_PROGRAMS=1"]
+def _read_info(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
-def _compile_optix_programs(build_dir: Path) -> dict[str, Path]:
-    """nvcc --optix-ir for each program set; cached by content, written atomically."""
-    from torch.utils import cpp_extension
+def _finished_builds(root: Path, name: str) -> list[tuple[float, Path, dict]]:
+    """(last use, directory, build_info) of every finished build of ``name`` in ``root``, newest first."""
+    found = []
+    for info_path in root.glob("*/build_info.json"):
+        info = _read_info(info_path)
+        if info and info.get("inputs", {}).get("build", {}).get("name") == name:
+            with contextlib.suppress(OSError):
+                found.append((info_path.stat().st_mtime, info_path.parent, info))
+    return sorted(found, key=lambda f: f[0], reverse=True)
 
-    nvcc = os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
-    arch = _program_arch()
-    out = {}
-    for name, rel in _OPTIX_PROGRAMS.items():
-        flags = optix_program_flags(arch)
-        digest = _sources_digest([], flags)
-        target = build_dir / f"{name}_programs_{digest}.optixir"
-        if not target.exists():
-            tmp = target.with_suffix(f".tmp{os.getpid()}")
-            cmd = [nvcc, *flags, str(CSRC / rel), "-o", str(tmp)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            if res.returncode != 0:
-                raise RuntimeError(
-                    f"torch_rtindex: compiling the OptiX programs {rel} failed:\n{' '.join(cmd)}\n{res.stderr}"
-                )
-            os.replace(tmp, target)
-        out[name] = target
+
+def _prune(root: Path, pattern: str, keep: Path) -> None:
+    """Removes the folders ``pattern`` of ``root`` past the newest few that nobody used for a day (a process
+    that has a build loaded keeps its mapped library, but would lose its OptiX programs: hence the day)."""
+    now = time.time()
+    dirs = []
+    for d in root.glob(pattern):
+        with contextlib.suppress(OSError):
+            dirs.append((max([d.stat().st_mtime, *(f.stat().st_mtime for f in d.glob("*.json"))]), d))
+    for used, d in sorted(dirs, reverse=True)[_KEEP_BUILDS:]:
+        if d != keep and now - used > _STALE_AFTER_S:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _sync_sources(sources: dict[str, bytes], dest: Path) -> None:
+    """Makes ``dest`` hold exactly ``sources``, rewriting only the files that differ: ninja then recompiles
+    what changed and nothing else."""
+    for rel, data in sources.items():
+        path = dest / rel
+        if path.is_file() and path.read_bytes() == data:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    for path in dest.rglob("*"):
+        if path.is_file() and str(path.relative_to(dest)) not in sources:
+            path.unlink()
+
+
+# Compiles in a child process, so that a failed build registers nothing here and the library this process
+# imports is the published copy, never one an incremental rebuild of the workspace could overwrite.
+_COMPILE = """
+import json, sys
+from torch.utils import cpp_extension
+module = cpp_extension.load(**json.loads(sys.argv[1]))
+print(json.dumps(module.__file__))
+"""
+
+
+def _compile(spec: BuildSpec, src: Path, workspace: Path) -> Path:
+    """ninja-builds ``spec`` from the sources in ``src`` in ``workspace``; returns the library."""
+    args = {"name": spec.name, "sources": [str(src / s) for s in spec.sources], "extra_cflags": list(spec.cflags),
+            "extra_cuda_cflags": list(spec.cuda_cflags), "extra_ldflags": list(spec.ldflags),
+            "extra_include_paths": [str(src)], "build_directory": str(workspace), "is_python_module": True,
+            "verbose": os.environ.get("TORCH_RTINDEX_VERBOSE_BUILD", "") not in ("", "0")}
+    env = dict(os.environ)
+    cxx = _cxx_for_build(workspace)
+    if cxx:
+        env["CXX"] = cxx
+    res = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(args)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"torch_rtindex: building the {spec.backend.upper()} extension failed in {workspace}:\n"
+                           f"{res.stderr[-8000:]}\n{res.stdout[-4000:]}")
+    if args["verbose"]:
+        print(res.stderr, file=sys.stderr)
+    return Path(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def jit_build(spec: BuildSpec, root: Path | None = None) -> tuple[ModuleType, dict]:
+    """Loads the build of ``spec`` from the cache ``root``, compiling it first if the cache has none. Returns the
+    module and its build_info.
+
+    A finished build is ``<root>/<backend>-<digest>/`` (the library, its OptiX programs, build_info.json),
+    published by a rename and never modified. Builds compile in a workspace ``<root>/work-<backend>-<key>/``
+    shared by every build with the same flags, compiler, torch and Python, whose copy of the sources is updated
+    file by file: after an edit, ninja recompiles only the files that changed."""
+    root = _build_root() if root is None else root
+    sources = read_sources(spec.csrc)
+    inputs = build_inputs(spec, sources)
+    digest = digest_of(inputs)
+    build_dir = root / f"{spec.backend}-{digest}"
+    info = _read_info(build_dir / "build_info.json")
+    if info is None:
+        workspace = root / f"work-{spec.backend}-{digest_of({k: v for k, v in inputs.items() if k != 'sources'})}"
+        with build_lock(workspace):
+            info = _read_info(build_dir / "build_info.json")  # another process may have built it meanwhile
+            if info is None:
+                info = _build(spec, sources, inputs, digest, root, build_dir, workspace)
+    with contextlib.suppress(OSError):
+        os.utime(build_dir / "build_info.json")  # last use: for pruning, and what the next rebuild compares with
+    return _import_library(spec.name, build_dir / info["library"]), _describe(info, build_dir)
+
+
+def _build(spec: BuildSpec, sources: dict[str, bytes], inputs: dict, digest: str, root: Path, build_dir: Path,
+           workspace: Path) -> dict:
+    """Compiles in ``workspace`` and publishes the result as ``build_dir``; returns its build_info."""
+    previous = _finished_builds(root, spec.name)
+    why = explain_rebuild(previous[0][2]["inputs"] if previous else None, inputs)
+    _say(f"compiling the {spec.backend.upper()} extension for {build_dir} (~1-3 min); why: {why}")
+    start = time.time()
+    src = workspace / "src"
+    _sync_sources(sources, src)
+    library = _compile(spec, src, workspace)
+    staging = root / f".staging-{digest}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copy2(library, staging / library.name)
+    programs = {}
+    for prog, rel in spec.programs:
+        target = staging / f"{prog}_programs.{spec.program_arch}.optixir"
+        compile_optix_program(_nvcc(), src, rel, spec.program_arch, target)
+        programs[prog] = target.name
+    info = {"digest": digest, "backend": spec.backend, "kind": "jit", "library": library.name,
+            "optix_programs": programs, "built_s": round(time.time() - start, 1), "inputs": inputs}
+    (staging / "build_info.json").write_text(json.dumps(info, indent=1))
+    try:
+        os.rename(staging, build_dir)  # atomic: a build folder is complete or absent
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # the same build, published by a process with another lock
+        info = _read_info(build_dir / "build_info.json") or info
+    _say(f"extension ready ({time.time() - start:.0f} s)")
+    _prune(root, f"{spec.backend}-*", build_dir)
+    _prune(root, f"work-{spec.backend}-*", workspace)
+    return info
+
+
+def _describe(info: dict, directory: Path) -> dict:
+    """build_info with absolute paths: what load() returns and ``python -m torch_rtindex`` prints."""
+    out = {k: v for k, v in info.items() if k != "inputs"}
+    out["path"] = str(directory / info["library"])
+    out["optix_programs"] = {k: str(directory / v) for k, v in info.get("optix_programs", {}).items()}
+    out["torch"] = info["inputs"]["torch"]["version"]
     return out
 
 
+# ------------------------------------------------------------------------------------------------ prebuilt
+def prebuilt_mismatch(recorded: dict, sources: dict[str, bytes] | None) -> str | None:
+    """Why the prebuilt extension described by ``recorded`` (its _prebuilt.json) cannot be used with this torch
+    and these sources, or None if it can."""
+    here = {"torch": _torch_identity(), "python": _python_identity()}
+    for key, field in (("torch", "version"), ("torch", "cuda"), ("torch", "cxx11_abi"), ("python", "tag")):
+        want, have = recorded[key].get(field), here[key][field]
+        if want != have:
+            return f"it was built for {key} {field} {want}, this is {have}"
+    if recorded["backend"] == "cuda" and not _cuda_wanted():
+        return "TORCH_RTINDEX_CPU_ONLY asks for the CPU build"
+    if sources is not None and sources_digest(sources) != recorded["sources_digest"]:
+        return "the sources next to it changed since it was built"
+    return None
+
+
+def _cuda_wanted() -> bool:
+    return os.environ.get("TORCH_RTINDEX_CPU_ONLY", "") in ("", "0") and torch.version.cuda is not None
+
+
+def _pick_program_arch(archs: list[str]) -> str:
+    """The newest OptiX-IR arch the current GPU runs: the highest ``sm_XY`` not above its capability."""
+    if not torch.cuda.is_available():
+        return archs[-1]
+    major, minor = torch.cuda.get_device_capability()
+    fits = [a for a in archs if int(a[3:]) <= major * 10 + minor]
+    return max(fits, key=lambda a: int(a[3:])) if fits else min(archs, key=lambda a: int(a[3:]))
+
+
+def _load_prebuilt() -> tuple[ModuleType, dict] | str:
+    """The prebuilt extension and its description, or why it is not used (an empty string: there is none)."""
+    recorded = _read_info(PREBUILT_INFO)
+    if recorded is None:
+        return ""
+    why = prebuilt_mismatch(recorded, read_sources(CSRC))
+    if why:
+        return why
+    module = _import_library(recorded["name"], _PACKAGE_DIR / recorded["library"])
+    programs = {}
+    for prog, by_arch in recorded.get("optix_programs", {}).items():
+        programs[prog] = str(_PACKAGE_DIR / by_arch[_pick_program_arch(sorted(by_arch, key=lambda a: int(a[3:])))])
+    info = {"digest": recorded["sources_digest"], "backend": recorded["backend"], "kind": "prebuilt",
+            "path": str(_PACKAGE_DIR / recorded["library"]), "optix_programs": programs,
+            "torch": recorded["torch"]["version"], "cuda_arch_list": recorded.get("cuda_arch_list")}
+    return module, info
+
+
 def load() -> dict:
-    """Builds (if needed) and loads the extension; returns what was built. Idempotent."""
+    """Loads the extension (prebuilt, else built just in time if needed); returns what was loaded: ``backend``
+    ("cpu"/"cuda"), ``kind`` ("prebuilt"/"jit"), ``path`` (the library), its OptiX programs. Idempotent."""
     global _loaded, _module
     if _loaded is not None:
         return _loaded
-    from torch.utils import cpp_extension
-
-    with_cuda = cuda_build_enabled()
-    tag = "cuda" if with_cuda else "cpu"
-    py = f"py{sys.version_info.major}{sys.version_info.minor}"
-    cu = f"cu{torch.version.cuda.replace('.', '')}" if with_cuda else "cpu"
-    build_dir = _build_root() / f"torch{torch.__version__.split('+')[0]}-{cu}-{py}" / tag
-    build_dir.mkdir(parents=True, exist_ok=True)
-
-    sources = _CPU_SOURCES + (_CUDA_SOURCES if with_cuda else [])
-    cxx = _cxx_for_build(build_dir)
-    # The linker is part of the build's identity: a changed compiler must rebuild, not reuse, the library.
-    cxx_tag = int(hashlib.sha256((cxx or os.environ.get("CXX", "c++")).encode()).hexdigest()[:7], 16)
-    defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}", f"-DRTINDEX_CXX_TAG={cxx_tag}"]
-    # OpenMP: at::parallel_for is a header template whose `omp parallel` only exists where the including file is
-    # compiled with -fopenmp; without it every CPU kernel runs on one core. The .cu files get it too, since inline
-    # CPU helpers they share with the .cpp files must not be emitted in a serial version the linker may keep.
-    # The runtime is the libgomp torch already loaded (same soname), so torch.set_num_threads governs it.
-    cflags = ["-O3", "-std=c++17", "-fopenmp", *defines]
-    cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", *defines, *_cuda_arch_flags()]
-    ldflags = ["-ldl", "-fopenmp"]
-    digest = _sources_digest([], sources + cflags + cuda_flags + ldflags)
-    info_path = build_dir / "build_info.json"
-
-    with build_lock(build_dir):
-        previous = json.loads(info_path.read_text()) if info_path.exists() else {}
-        if previous.get("digest") != digest:
-            _say(f"compiling the {tag.upper()} extension in {build_dir} (first use or sources changed; ~1-3 min)")
-        start = time.time()
-        saved_cxx = os.environ.get("CXX")
-        if cxx:
-            os.environ["CXX"] = cxx
-        try:
-            module = cpp_extension.load(
-                name=f"torch_rtindex_{tag}",
-                sources=[str(CSRC / s) for s in sources],
-                extra_cflags=cflags,
-                extra_cuda_cflags=cuda_flags,
-                extra_ldflags=ldflags,
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(build_dir),
-                is_python_module=True,
-                verbose=os.environ.get("TORCH_RTINDEX_VERBOSE_BUILD", "") not in ("", "0"),
-            )
-        finally:
-            if cxx:
-                if saved_cxx is None:
-                    os.environ.pop("CXX", None)
-                else:
-                    os.environ["CXX"] = saved_cxx
-        programs = _compile_optix_programs(build_dir) if with_cuda else {}
-        info = {
-            "digest": digest,
-            "backend": tag,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "python": sys.version.split()[0],
-            "sources": sources,
-            "cflags": cflags,
-            "cuda_cflags": cuda_flags,
-            "ldflags": ldflags,
-            "cxx": cxx or os.environ.get("CXX") or "c++",
-            "optix_programs": {k: str(v) for k, v in programs.items()},
-        }
-        if previous.get("digest") != digest:
-            info_path.write_text(json.dumps(info, indent=2))
-            _say(f"extension ready ({time.time() - start:.0f} s)")
-    for name, path in programs.items():
-        torch.ops.rtindex_internal.set_program_path(name, str(path))
+    found = _load_prebuilt()
+    if isinstance(found, tuple):
+        module, info = found
+    else:
+        if found:
+            _say(f"not using the prebuilt extension in {_PACKAGE_DIR}: {found}; building just in time")
+        module, info = jit_build(extension_spec(cuda_build_enabled()))
+        if found:
+            info["prebuilt_skipped"] = found
+    for name, path in info["optix_programs"].items():
+        torch.ops.rtindex_internal.set_program_path(name, path)
+    if info["backend"] == "cuda":
+        # OptiX's disk cache of compiled modules and pipelines, next to the builds (optix_runtime.cpp says why).
+        cache = _build_root() / "optix_cache"
+        with contextlib.suppress(OSError):
+            cache.mkdir(parents=True, exist_ok=True)
+        torch.ops.rtindex_internal.set_optix_disk_cache(str(cache))
     _module = module
     _loaded = info
     return info

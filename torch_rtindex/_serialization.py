@@ -18,10 +18,11 @@ import torch
 
 from .cgrx import CgRXIndex
 from .cgrx_updatable import UpdatableCgRXIndex
+from .chunked import ChunkedIndex
 from .embedding import IdToRow
 from .rx import RXIndex
 
-SAFE_CLASSES = (RXIndex, CgRXIndex, UpdatableCgRXIndex, IdToRow)
+SAFE_CLASSES = (RXIndex, CgRXIndex, UpdatableCgRXIndex, ChunkedIndex, IdToRow)
 
 
 def allow_weights_only_load() -> None:

@@ -766,11 +766,14 @@ struct OptixFunctionTable {
                                                   OptixLogCallback callbackFunction,
                                                   void* callbackData,
                                                   unsigned int callbackLevel);
-  void* optixDeviceContextSetCacheEnabled;
-  void* optixDeviceContextSetCacheLocation;
+  // The disk cache of compiled modules and pipelines (optix_runtime.cpp points it at the package's cache).
+  OptixResult (*optixDeviceContextSetCacheEnabled)(OptixDeviceContext context, int enabled);
+  OptixResult (*optixDeviceContextSetCacheLocation)(OptixDeviceContext context, const char* location);
   void* optixDeviceContextSetCacheDatabaseSizes;
-  void* optixDeviceContextGetCacheEnabled;
-  void* optixDeviceContextGetCacheLocation;
+  OptixResult (*optixDeviceContextGetCacheEnabled)(OptixDeviceContext context, int* enabled);
+  OptixResult (*optixDeviceContextGetCacheLocation)(OptixDeviceContext context,
+                                                    char* location,
+                                                    std::size_t locationSize);
   void* optixDeviceContextGetCacheDatabaseSizes;
 
   // Modules

@@ -52,6 +52,7 @@ struct PipelineKey {
 
 std::map<int, abi::OptixDeviceContext> g_contexts;
 std::map<std::string, std::string> g_program_paths;
+std::string g_disk_cache;
 std::map<PipelineKey, Pipeline> g_pipelines;
 
 void log_callback(unsigned level, const char* tag, const char* message, void*) {
@@ -170,7 +171,40 @@ Pipeline create_pipeline(int device, abi::OptixDeviceContext ctx, const ProgramS
   return p;
 }
 
+// Called with g_mutex held. OptiX caches compiled modules and pipelines on disk by default (a first lookup
+// in a process otherwise spends most of its time compiling them), in a per-user temporary folder; the package's
+// cache folder keeps them as long as its builds. The user's own choice wins: OPTIX_CACHE_PATH (a location) or
+// OPTIX_CACHE_MAXSIZE (0 turns the cache off), both read by OptiX itself. A folder OptiX cannot use leaves its
+// default in place: the cache saves time, it is never a reason to fail.
+void configure_disk_cache(abi::OptixDeviceContext ctx) {
+  if (g_disk_cache.empty() || std::getenv("OPTIX_CACHE_PATH") != nullptr ||
+      std::getenv("OPTIX_CACHE_MAXSIZE") != nullptr) {
+    return;
+  }
+  const abi::OptixResult r = api().optixDeviceContextSetCacheLocation(ctx, g_disk_cache.c_str());
+  if (r != abi::OPTIX_SUCCESS) {
+    TORCH_WARN_ONCE("torch_rtindex: OptiX cannot keep its disk cache in ", g_disk_cache, " (",
+                    abi::optix_result_name(r), "); it uses its default location");
+  }
+}
+
 }  // namespace
+
+void set_disk_cache(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_disk_cache = path;
+}
+
+std::string disk_cache(int device) {
+  const auto& o = api();
+  abi::OptixDeviceContext ctx = device_context(device);
+  int enabled = 0;
+  check(o.optixDeviceContextGetCacheEnabled(ctx, &enabled), "optixDeviceContextGetCacheEnabled");
+  if (!enabled) return "";
+  char location[4096] = {};
+  check(o.optixDeviceContextGetCacheLocation(ctx, location, sizeof(location)), "optixDeviceContextGetCacheLocation");
+  return location;
+}
 
 const abi::OptixFunctionTable& api() {
   static abi::OptixFunctionTable table{};
@@ -199,6 +233,7 @@ abi::OptixDeviceContext device_context(int device) {
   }
   abi::OptixDeviceContext ctx = nullptr;
   check(o.optixDeviceContextCreate(nullptr, &options, &ctx), "optixDeviceContextCreate");
+  configure_disk_cache(ctx);
   g_contexts.emplace(device, ctx);
   return ctx;
 }

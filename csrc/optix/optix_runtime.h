@@ -45,6 +45,13 @@ struct Pipeline {
 // Where the build put the compiled OptiX-IR of a program set (torch_rtindex/_extension.py calls this).
 void set_program_path(const std::string& name, const std::string& path);
 
+// Where OptiX keeps its disk cache of compiled modules and pipelines (torch_rtindex/_extension.py passes a
+// folder of the package's build cache); applies to device contexts created afterwards. Empty: OptiX's default.
+void set_disk_cache(const std::string& path);
+
+// The disk cache a device's context uses: its folder, or "" where the cache is off.
+std::string disk_cache(int device);
+
 // The pipeline of a program set on a device, compiled on first use.
 const Pipeline& pipeline(int device, const ProgramSet& programs);
 

@@ -1,0 +1,119 @@
+"""First-call costs, each measured in a fresh process: ``import torch``, ``import torch_rtindex`` on top, then per
+index class and device the first and second build over 2^20 keys and the first and second point lookup of
+2^16 queries. CUDA's own start-up (context creation) is timed apart, before the first build. On CUDA, the
+first OptiX lookup's cost is also measured with OptiX's disk cache cold (an empty cache folder) and warm (the
+same folder, next process).
+
+    python3 benchmarks/first_call.py                      # the checkout this file lives in
+    python3 benchmarks/first_call.py --package-path DIR   # e.g. a wheel installed with pip --target DIR
+
+Prints one table (milliseconds) and, with --json, writes the raw numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch
+t_torch = time.perf_counter() - t0
+t1 = time.perf_counter()
+import torch_rtindex as ti
+t_pkg = time.perf_counter() - t1
+name, device, n, q = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+out = {"import_torch": t_torch, "import_torch_rtindex": t_pkg, "package": ti.__file__,
+       "extension": ti._extension.load()["kind"]}
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+if device == "cuda":
+    t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device="cuda"); sync()
+    out["cuda_init"] = time.perf_counter() - t
+gen = torch.Generator().manual_seed(0)
+keys = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)
+queries = keys[torch.randint(0, n, (q,), generator=gen)]
+build = {
+    "RXIndex": lambda k: ti.RXIndex(k),
+    "CgRXIndex": lambda k: ti.CgRXIndex(k),
+    "CgRXIndex(radix)": lambda k: ti.CgRXIndex(k, backend="radix"),
+    "UpdatableCgRXIndex": lambda k: ti.UpdatableCgRXIndex(k),
+    "ChunkedIndex": lambda k: ti.ChunkedIndex(k.cpu(), device=device),
+}[name]
+if name != "ChunkedIndex":
+    keys, queries = keys.to(device), queries.to(device)
+else:
+    queries = queries.to(device)
+for attempt in ("first", "second"):
+    sync(); t = time.perf_counter(); index = build(keys); sync()
+    out[f"{attempt}_build"] = time.perf_counter() - t
+    t = time.perf_counter(); found = index.lookup(queries); sync()
+    out[f"{attempt}_lookup"] = time.perf_counter() - t
+    assert int(found.count.min()) >= 1
+out["backend"] = getattr(index, "backend", "optix" if device == "cuda" and name == "RXIndex" else "sorted")
+out["dynamo_loaded"] = "torch._dynamo" in sys.modules
+print(json.dumps(out))
+"""
+
+
+def run_probe(name: str, device: str, n: int, q: int, env: dict) -> dict:
+    res = subprocess.run([sys.executable, "-c", PROBE, name, device, str(n), str(q)], capture_output=True,
+                         text=True, env=env, cwd=tempfile.gettempdir(), timeout=900)
+    if res.returncode != 0:
+        return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--package-path", default=str(CHECKOUT), help="folder that holds torch_rtindex/")
+    parser.add_argument("--keys", type=int, default=1 << 20)
+    parser.add_argument("--queries", type=int, default=1 << 16)
+    parser.add_argument("--repeats", type=int, default=2, help="fresh processes per class and device")
+    parser.add_argument("--classes", default="RXIndex,CgRXIndex,CgRXIndex(radix),UpdatableCgRXIndex,ChunkedIndex")
+    parser.add_argument("--json", help="write the raw numbers here")
+    args = parser.parse_args()
+
+    import torch
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([args.package_path, os.environ.get("PYTHONPATH", "")])}
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for device in devices:
+        for name in args.classes.split(","):
+            for r in range(args.repeats):
+                rows.append({"class": name, "device": device, "run": r, **run_probe(name, device, args.keys, args.queries, env)})
+    if "cuda" in devices:
+        # The first OptiX lookup in a process with OptiX's disk cache cold, then warm (same folder, next process).
+        with tempfile.TemporaryDirectory() as cache:
+            for state in ("optix cache cold", "optix cache warm"):
+                row = run_probe("CgRXIndex", "cuda", args.keys, args.queries, {**env, "OPTIX_CACHE_PATH": cache})
+                rows.append({"class": "CgRXIndex", "device": f"cuda, {state}", "run": 0, **row})
+                row = run_probe("RXIndex", "cuda", args.keys, args.queries, {**env, "OPTIX_CACHE_PATH": cache})
+                rows.append({"class": "RXIndex", "device": f"cuda, {state}", "run": 0, **row})
+
+    first = next((r for r in rows if "import_torch" in r), {})
+    print(f"package: {first.get('package')} ({first.get('extension')} extension); "
+          f"keys {args.keys}, queries {args.queries}; times in ms")
+    cols = ["import_torch", "import_torch_rtindex", "cuda_init", "first_build", "second_build", "first_lookup",
+            "second_lookup"]
+    print(f"{'class':20} {'device':22} {'backend':14} " + " ".join(f"{c:>14}" for c in cols) + "  dynamo")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['class']:20} {r['device']:22} error: {r['error']}")
+            continue
+        vals = " ".join(f"{r[c] * 1e3:14.1f}" if c in r else f"{'-':>14}" for c in cols)
+        print(f"{r['class']:20} {r['device']:22} {str(r['backend']):14} {vals}  {r['dynamo_loaded']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
