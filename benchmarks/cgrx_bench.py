@@ -29,8 +29,9 @@ def main() -> None:
     ap.add_argument("--backends", default="radix,optix,binary_search")
     ap.add_argument("--hash-table", action="store_true", help="also run the project's own GPU hash-table baseline")
     ap.add_argument("--reserve-l2", action="store_true",
-                    help="also measure each radix run's point lookups with its radix table in L2 set aside, as the README "
-                    "recommends: torch_rtindex.reserve_l2 sized to index.memory()['radix_table'], given back after the run")
+                    help="also measure each radix run's point lookups with its radix table in L2 set aside, as the "
+                    "README recommends: torch_rtindex.reserve_l2 sized to index.memory()['radix_table'], given back "
+                    "after the run")
     ap.add_argument("--layout", default="auto", help="layout of the main runs (every backend and bucket size; auto: "
                     "what the index picks for the backend)")
     ap.add_argument("--variants", default="", help="extra radix runs at B=16, e.g. 'column/binary,packed_row/linear'")

@@ -147,6 +147,24 @@ def test_radix_lines_and_unique_keys(device, gen, layout, bucket_size, repeat, b
     assert count.max() == (1 if repeat is None else 2)
 
 
+@pytest.mark.parametrize("backend, bucket_size", [("radix", 16), ("binary_search", 4)])
+def test_points_and_ranges_mixed_in_one_batch(device, gen, backend, bucket_size):
+    """Point queries (lo == hi) over unique aligned rows take their own path on the GPU, a warp's lines read
+    together; here every other query of a range batch (of a size no multiple of 32) is a point and the others
+    ranges, misses and the 64-bit edges, so the two paths meet in every warp."""
+    keys = torch.unique(int64_keys("uniform", 3000, gen))
+    keys = keys[torch.randperm(keys.numel(), generator=gen)]
+    lo = torch.cat([point_queries(keys, 1234, gen), torch.tensor([-(2**63), 2**63 - 1, 0])])
+    width = torch.randint(0, 1 << 60, lo.shape, generator=gen)
+    hi = torch.where(lo > 2**63 - 1 - width, 2**63 - 1, lo + width)
+    hi[::2] = lo[::2]
+    first, count, rows = Reference(keys, "int64").ranges(lo, hi)
+    index = CgRXIndex(keys.to(device), backend=backend, bucket_size=bucket_size, layout="aligned_row")
+    check_lookup(index.range_lookup(lo.to(device), hi.to(device)), first, count)
+    check_range_matches(index.range(lo.to(device), hi.to(device)), rows, keys)
+    check_lookup(index.lookup(lo[::2].contiguous().to(device)), first[::2], count[::2])
+
+
 @pytest.mark.parametrize("layout", ["packed_row", "aligned_row", "column"])
 def test_radix_word_blocks_at_every_table_end(device, gen, layout):
     """The radix search reads a slice's words a block (16 or 32 bytes) at a time and bisects where a block would reach

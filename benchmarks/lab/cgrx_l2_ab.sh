@@ -7,11 +7,12 @@
 #
 #   bash benchmarks/lab/cgrx_l2_ab.sh BEFORE_DIR [OTHER_DIR ...]
 #
-# BEFORE_DIR (and any OTHER_DIR): a library tree (torch_rtindex/ and csrc/, e.g. `git archive` of the branch point,
-# unpacked); the working tree is the last one measured ("current"). Each tree builds in its own folder under
-# .build/ab/ (git-ignored), side by side; no `pip install`: PYTHONPATH picks the tree. The bench scripts are the
-# working tree's for every tree. ROUNDS (default 3) alternating rounds; BUDGET_S (default 470) stops starting
-# rounds after that many seconds. Logs and JSON go under $OUT (the device call's folder) or /tmp/cgrx_l2_ab.
+# BEFORE_DIR (and any OTHER_DIR, absolute or relative to the repository root): a library tree (torch_rtindex/ and
+# csrc/, e.g. `git archive` of the branch point, unpacked); the working tree is the last one measured ("current").
+# Each tree builds in its own folder under .build/ab/ (git-ignored), side by side; no `pip install`: RTINDEX_TREE
+# picks the tree (benchmarks/_common.py). The bench scripts are the working tree's for every tree. ROUNDS
+# (default 3) alternating rounds; BUDGET_S (default 470) stops starting rounds after that many seconds. Logs and
+# JSON go under $OUT (the device call's folder) or /tmp/cgrx_l2_ab.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -39,7 +40,7 @@ for t in "${!names[@]}"; do
   mkdir -p "$root/.build/ab/${names[$t]}" && ln -sfn "$root/.build/ab/baselines" "$root/.build/ab/${names[$t]}/baselines"
 done
 for t in "${!names[@]}"; do
-  (TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} PYTHONPATH=${paths[$t]}:$root/benchmarks python3 -c "
+  (TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} RTINDEX_TREE=${paths[$t]} PYTHONPATH=${paths[$t]}:$root/benchmarks python3 -c "
 import time; t0 = time.time()
 import torch, torch_rtindex
 from pathlib import Path
@@ -55,7 +56,7 @@ echo "builds done at ${SECONDS} s"
 
 bench() {  # tree index, round
   local t=$1 r=$2
-  TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} PYTHONPATH=${paths[$t]} RTINDEX_COMMIT=${names[$t]} \
+  TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} RTINDEX_TREE=${paths[$t]} PYTHONPATH=${paths[$t]} RTINDEX_COMMIT=${names[$t]} \
     timeout 240 python3 benchmarks/cgrx_bench.py --log-keys 26 --log-lookups 27 --backends radix --bucket-sizes 16 \
     --hash-table --reserve-l2 --range-hits "" --repeats 7 --out "$out/json_${names[$t]}_r$r" > "$out/bench_${names[$t]}_r$r.log" 2>&1
   echo "round $r ${names[$t]} (rc $?): $(grep -E '^(cgRX radix|  table in L2|hash table)' "$out/bench_${names[$t]}_r$r.log" | awk '{printf "%s | ", $0}')"
@@ -67,7 +68,7 @@ for r in $(seq "$rounds"); do
 done
 for t in "${!names[@]}"; do
   if [ "$SECONDS" -gt $((budget + 20)) ]; then echo "budget reached: no gather floor for ${names[$t]}"; continue; fi
-  TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} PYTHONPATH=${paths[$t]} RTINDEX_COMMIT=${names[$t]} \
+  TORCH_RTINDEX_BUILD_DIR=$root/.build/ab/${names[$t]} RTINDEX_TREE=${paths[$t]} PYTHONPATH=${paths[$t]} RTINDEX_COMMIT=${names[$t]} \
     timeout 120 python3 benchmarks/gather_floor.py --out "$out/json_${names[$t]}_floor" > "$out/floor_${names[$t]}.log" 2>&1
   echo "gather floor ${names[$t]} (rc $?)"; grep -E " ms " "$out/floor_${names[$t]}.log"
 done
