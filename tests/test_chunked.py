@@ -1499,7 +1499,7 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     largest = max(align(c.nbytes) for c in index._store.chunks)
     tight = chunked(keys, "cuda", gpu_budget=2 * largest + 64, processors="zero_copy", hot_keys=0)
     assert tight.stats()["search_budget"] == 0  # less the search parts, the budget holds fewer than two chunks
-    assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0)._search_budget == 0
+    assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0).stats()["search_budget"] == 0
     check_lookup(tight.lookup(keys[:500].cuda()), *Reference(keys, "int64").points(keys[:500])[:2])
     assert tight.memory()["search"] == 0
 

@@ -222,7 +222,7 @@ def test_capacity_as_a_0d_tensor_and_a_capacity_past_memory(gen):
     got = index.lookup_all_capped(q, torch.tensor(30))
     assert torch.equal(got.rows, want.rows) and int(got.total) == int(want.total)
     assert index.range_capped(q, q, torch.tensor(4)).rows.numel() == 4
-    with pytest.raises(ValueError, match="capacity=1099511627776 row IDs take"):
+    with pytest.raises(ValueError, match="capacity=1099511627776 asks for"):
         index.lookup_all_capped(q, 2**40)
     with pytest.raises(TypeError, match="capacity must be an integer"):
         index.lookup_all_capped(q, 3.0)
