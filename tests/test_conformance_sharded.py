@@ -320,7 +320,9 @@ def rank_same_batch_delete(info, device, kind, key_type):
     """Issue 41's case: rank 0 inserts 40 and deletes (40, the row the batch gives it) in one batch; then random
     batches with such cancellations, the pair inserted by one rank and deleted by another included."""
     soft = Soft(info.rank)
-    parts = [np.array([10, 20]), np.array([30])] + [np.zeros(0, dtype=np.int64)] * (info.world - 2)
+    # Keys 10, 20, 30 over the ranks (rank 0 holding 10 and 20), so the batch's new pair gets global row 3 always.
+    parts = [np.array([10, 20]), np.array([30])] if info.world > 1 else [np.array([10, 20, 30])]
+    parts += [np.zeros(0, dtype=np.int64)] * (info.world - len(parts))
     parts = [p.astype(np.int64) for p in parts]
     idx, ref, _ = _build(info, kind, "int64", 0, parts=parts)
     if info.rank == 0:

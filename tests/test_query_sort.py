@@ -136,7 +136,7 @@ def test_direct_lookup_only_where_nothing_else_is_needed(monkeypatch):
     ix.sort_queries = None
     assert ix._direct_lookup is not None
     with pytest.raises(TypeError):
-        ix.lookup(q.to(torch.int32))  # a batch the direct path does not take still gets _call's checks
+        ix.lookup(q.to(torch.float64))  # a batch the direct path does not take still gets _call's checks
     if torch.cuda.is_available():
         assert CgRXIndex(keys.cuda(), backend="optix")._direct_lookup is None  # capture refusal, query sort
 
@@ -164,7 +164,7 @@ def test_lookup_rows_checks_its_arguments(device, gen):
             with pytest.raises(TypeError, match="miss_row must be an int"):
                 index.lookup_rows(keys, bad)
         with pytest.raises(TypeError):
-            index.lookup_rows(keys.int(), 0)  # the wrong key dtype: the checks every lookup makes
+            index.lookup_rows(keys.double(), 0)  # a key dtype that does not convert exactly: the lookups' checks
         got = index.lookup_rows(keys[:5].flip(0), -7)
         np.testing.assert_array_equal(got.cpu().numpy(), index.lookup(keys[:5].flip(0)).first_row.cpu().numpy()
                                       if len(index) else np.full(5, -7))
