@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ._keys import MAX_KEYS
+from ._keys import MAX_KEYS, flip_sign
 from ._base import format_bytes
 from ._config import cgrx_config
 from .cgrx import CGRX_SCENE, CgRXSearch, _ops
@@ -70,8 +70,8 @@ def sort_pairs(ordered: torch.Tensor, rows: torch.Tensor | None, rows_sorted: bo
         by_row = torch.sort(rows, stable=True).indices
         ordered, rows = ordered[by_row], rows[by_row]
     # Unsigned key order through a signed sort (flip the top bit), stable: equal keys keep their row order.
-    flipped, by_key = torch.sort(ordered ^ (-(2**63)), stable=True)
-    return (flipped ^ (-(2**63))).contiguous(), (rows[by_key] if rows is not None else None)
+    flipped, by_key = torch.sort(flip_sign(ordered), stable=True)
+    return flip_sign(flipped).contiguous(), (rows[by_key] if rows is not None else None)
 
 
 def bucket_offsets(reps: torch.Tensor, table: torch.Tensor, ordered: torch.Tensor) -> torch.Tensor:

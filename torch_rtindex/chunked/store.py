@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._base import _ops
+from .._keys import SIGN_BIT
 from ..cgrx import LAYOUTS, CgRXIndex, CgRXSearch
 from ..cgrx_updatable import UpdatableCgRXIndex
 from .files import read_chunk_file
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .config import ChunkedConfig
     from .stats import Stats
 
-TOP = -(2**63)  # XOR with this maps unsigned order (ordered keys) onto signed order (torch's sorts and searches)
+TOP = SIGN_BIT  # XOR with it (_keys.flip_sign) maps unsigned order (ordered keys) onto signed order (torch's sorts)
 ALIGN = 256  # byte alignment of every tensor inside a chunk blob (and of cache slots)
 DTYPES = {"int32": torch.int32, "int64": torch.int64}
 # A chunk's search part, kept in GPU memory for its in-place reads: each lookup's first dependent reads (the
