@@ -96,9 +96,10 @@ def _schema() -> str:
     return ";".join(parts)
 
 
-def check_against_extension() -> None:
-    """Raises if the compiled extension's enums or config layouts differ from the Python side's, naming the part."""
-    native, python = torch.ops.rtindex_internal.config_schema(), _schema()
+def check_against_extension(python: str | None = None) -> None:
+    """Raises if the compiled extension's enums or config layouts differ from the Python side's (``python``: that
+    side's schema, by default the package's own), naming the part."""
+    native, python = torch.ops.rtindex_internal.config_schema(), _schema() if python is None else python
     if native != python:
         differ = [f"C++ {c!r} vs Python {p!r}" for c, p in zip(native.split(";"), python.split(";")) if c != p]
         raise RuntimeError(
