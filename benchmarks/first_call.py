@@ -32,7 +32,7 @@ import torch_rtindex as ti
 t_pkg = time.perf_counter() - t1
 name, device, n, q = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 out = {"import_torch": t_torch, "import_torch_rtindex": t_pkg, "package": ti.__file__,
-       "extension": ti._extension.load()["kind"]}
+       "extension": ti._extension.load().get("kind", "jit")}  # older trees: no "kind"
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 if device == "cuda":
     t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device="cuda"); sync()
