@@ -7,7 +7,7 @@
 # Stages (run in the order given; BUDGET_S, default 540, stops starting stages and rounds after that many seconds):
 #   build       each tree's CUDA extension, side by side (before / tree1 ... in .build/ab/<name>, the working tree
 #               in .build, the folder gpu_check.sh uses), and the benches' baselines
-#   cgrx        cgrx_bench.py, 2^26 keys, 2^27 lookups, radix B=16 (default configuration), ranges of 64 hits, the
+#   cgrx        cgrx_bench.py, 2^26 keys, 2^27 lookups, radix B=16 (default configuration), point lookups, the
 #               project's hash table; ROUNDS (default 2) rounds, the order reversed every other round
 #   small       small_batch_bench.py, 2^24 keys, 2^4 .. 2^24 queries, eager and CUDA-graph replay
 #   uniform27   chunked_bench.py, 2^30 keys, budget a quarter, six fresh uniform 2^27 batches after two training
@@ -82,7 +82,7 @@ print('${names[$t]}: built in %.0f s from' % (time.time() - t0), torch_rtindex._
         for t in $(order "$r"); do
           over "cgrx ${names[$t]} round $r" && continue
           in_tree "$t" timeout 200 python3 benchmarks/cgrx_bench.py --log-keys 26 --log-lookups 27 --backends radix \
-            --bucket-sizes 16 --hash-table --range-hits 64 --repeats 7 --out "$out/cgrx_${names[$t]}_r$r" \
+            --bucket-sizes 16 --hash-table --range-hits "" --repeats 7 --out "$out/cgrx_${names[$t]}_r$r" \
             > "$out/cgrx_${names[$t]}_r$r.log" 2>&1
           echo "cgrx round $r ${names[$t]} (rc $?): $(grep -E '^(cgRX radix|hash table)' "$out/cgrx_${names[$t]}_r$r.log" | tr -s ' ' | paste -sd'|')"
         done
