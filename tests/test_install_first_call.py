@@ -10,8 +10,10 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from torch_rtindex import _extension
 from torch_rtindex._base import mark_static_address
 
 FIRST_USE = r"""
@@ -66,6 +68,98 @@ def test_first_use_imports_no_compiler_stack():
     assert out["answers"]["IdToRow"] == [2, 0]
     pairs = [tuple(p) for p in zip(*out["answers"]["join"])]
     assert pairs == [(q, r) for q, e in enumerate(out["expected"]) for r in e]
+
+
+NO_CUDA_AT_IMPORT = r"""
+import json
+import torch
+
+def refuse(*args, **kwargs):
+    raise AssertionError("CUDA was queried")
+
+# Every way torch_rtindex could ask the GPU (all initialise CUDA) refuses while the package is imported.
+saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties", "_lazy_init", "init")}
+for name in saved:
+    setattr(torch.cuda, name, refuse)
+import torch_rtindex as ti
+for name, f in saved.items():
+    setattr(torch.cuda, name, f)
+found = ti.CgRXIndex(torch.tensor([3, 1, 2])).lookup(torch.tensor([2, 5]))
+print(json.dumps({"initialized": torch.cuda.is_initialized(), "count": found.count.tolist()}))
+"""
+
+
+def test_import_initialises_no_cuda():
+    """Import queries no GPU (which would initialise CUDA, and a process that did cannot fork workers that use
+    it): a JIT build reads the GPU's architecture through NVML, a prebuilt one picks its OptiX programs at the
+    first OptiX index."""
+    res = subprocess.run([sys.executable, "-c", NO_CUDA_AT_IMPORT], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {"initialized": False, "count": [1, 0]}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("CUDA was queried")
+
+
+def test_jit_build_reads_the_gpu_architecture_without_initialising_cuda(monkeypatch):
+    """A CUDA JIT build's digest covers the GPU's architecture and is computed at every import: read through
+    NVML while CUDA is not initialised, through torch where NVML cannot tell."""
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
+    monkeypatch.setattr(_extension, "_nvml_capability", lambda index: (8, 6) if index == 0 else None)
+    spec = _extension.extension_spec(True)
+    assert spec.program_arch == "sm_86" and "-gencode=arch=compute_86,code=sm_86" in spec.cuda_cflags
+
+    monkeypatch.setattr(_extension, "_nvml_capability", lambda index: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    spec = _extension.extension_spec(True)
+    assert spec.program_arch == "sm_90" and "-gencode=arch=compute_90,code=sm_90" in spec.cuda_cflags
+    # Once CUDA is initialised, torch answers (it is the current device's).
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(_extension, "_nvml_capability", _refuse)
+    assert _extension.extension_spec(True).program_arch == "sm_90"
+
+
+def test_nvml_capability_is_none_where_nvml_cannot_tell(monkeypatch):
+    import ctypes
+
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_library)
+    assert _extension._nvml_capability(0) is None
+
+
+@pytest.mark.parametrize("capability, arch", [((8, 0), "sm_80"), ((8, 9), "sm_86"), ((9, 0), "sm_90"),
+                                              ((12, 0), "sm_100"), ((7, 5), "sm_80")])
+def test_program_arch_is_the_newest_the_gpu_runs(capability, arch):
+    assert _extension.pick_program_arch(["sm_90", "sm_80", "sm_100", "sm_86"], capability) == arch
+
+
+def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
+    """A wheel's OptiX programs for several architectures: none is chosen at load, the one for the GPU of the
+    first index that builds an OptiX scene then (register_optix_programs), once."""
+    info = _extension.load()
+    monkeypatch.setitem(info, "optix_programs", {})
+    choices = {"rx": {"sm_80": "/w/rx.sm_80.optixir", "sm_90": "/w/rx.sm_90.optixir"},
+               "cgrx": {"sm_80": "/w/cgrx.sm_80.optixir", "sm_90": "/w/cgrx.sm_90.optixir"}}
+    monkeypatch.setattr(_extension, "_program_choices", choices)
+    registered = []  # the runtime's registry is process-wide: these made-up paths must not reach it
+    monkeypatch.setattr(torch.ops.rtindex_internal, "set_program_path", lambda name, path: registered.append((name, path)))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
+    _extension.register_optix_programs(torch.device("cpu"))  # a CPU index needs no programs
+    assert info["optix_programs"] == {}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9) if device.index == 1 else None)
+    _extension.register_optix_programs(torch.device("cuda", 1))
+    assert info["optix_programs"] == {"rx": "/w/rx.sm_80.optixir", "cgrx": "/w/cgrx.sm_80.optixir"}
+    assert sorted(registered) == sorted(info["optix_programs"].items())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
+    _extension.register_optix_programs(torch.device("cuda", 0))  # registered already: nothing asked
+    assert info["optix_programs"]["rx"] == "/w/rx.sm_80.optixir" and len(registered) == 2
 
 
 def test_static_address_mark_matches_dynamo():

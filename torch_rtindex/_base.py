@@ -61,6 +61,13 @@ def _ops():
     return torch.ops.rtindex
 
 
+def _optix_ops(device: torch.device):
+    """The operators, for a call that builds an OptiX scene on ``device``: its OptiX programs are registered
+    first (a prebuilt extension picks their architecture for the GPU then, never at import)."""
+    _extension.register_optix_programs(device)
+    return torch.ops.rtindex
+
+
 def _version_counter(t: torch.Tensor) -> int | None:
     """A tensor's in-place modification counter (None for inference tensors, which have none)."""
     try:

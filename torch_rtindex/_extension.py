@@ -68,6 +68,7 @@ _KEEP_BUILDS = 8
 _STALE_AFTER_S = 24 * 3600
 
 _loaded: dict | None = None
+_program_choices: dict[str, dict[str, str]] = {}  # a prebuilt extension's OptiX programs by name, then arch
 _module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
 
 
@@ -158,18 +159,56 @@ class BuildSpec:
         return "cuda" if self.with_cuda else "cpu"
 
 
+def _nvml_capability(index: int) -> tuple[int, int] | None:
+    """The compute capability of CUDA device ``index`` (as this process numbers them) read through NVML, which
+    initialises no CUDA, as ``torch.cuda.device_count`` counts devices; None where NVML cannot tell."""
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        nvml_index = torch.cuda._get_nvml_device_index(index)  # honours CUDA_VISIBLE_DEVICES
+        if nvml.nvmlInit_v2() != 0:
+            return None
+        try:
+            handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(nvml_index), ctypes.byref(handle)) != 0:
+                return None
+            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                return None
+        finally:
+            nvml.nvmlShutdown()
+    except (OSError, AttributeError, RuntimeError, ValueError, TypeError, IndexError):
+        return None  # no NVML, or devices it cannot map (MIG): torch's own query answers
+    return (major.value, minor.value) if major.value > 0 else None
+
+
+def _local_capability() -> tuple[int, int] | None:
+    """The compute capability of the GPU a JIT build targets (the current CUDA device), or None without one.
+    The build's digest is computed at every import, and import must not initialise CUDA (a process that did
+    cannot fork workers that use it): until something else has, the capability is read through NVML."""
+    if not torch.cuda.is_available():
+        return None
+    if not torch.cuda.is_initialized():
+        found = _nvml_capability(0)  # before CUDA is initialised the current device is device 0
+        if found is not None:
+            return found
+    return torch.cuda.get_device_capability()
+
+
 def _cuda_arch_flags() -> list[str]:
     if os.environ.get("TORCH_CUDA_ARCH_LIST"):
         return []  # cpp_extension reads it itself (and the digest records it)
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
+    capability = _local_capability()
+    if capability is not None:
+        major, minor = capability
         return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
     return ["-gencode=arch=compute_90,code=sm_90"]
 
 
 def _program_arch() -> str:
-    if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
+    capability = _local_capability()
+    if capability is not None:
+        major, minor = capability
         return f"sm_{major}{minor}"
     return "sm_90"
 
@@ -498,13 +537,30 @@ def _cuda_wanted() -> bool:
     return os.environ.get("TORCH_RTINDEX_CPU_ONLY", "") in ("", "0") and torch.version.cuda is not None
 
 
-def _pick_program_arch(archs: list[str]) -> str:
-    """The newest OptiX-IR arch the current GPU runs: the highest ``sm_XY`` not above its capability."""
-    if not torch.cuda.is_available():
-        return archs[-1]
-    major, minor = torch.cuda.get_device_capability()
+def pick_program_arch(archs: list[str], capability: tuple[int, int]) -> str:
+    """The newest OptiX-IR arch a GPU of ``capability`` runs: the highest ``sm_XY`` not above it (the oldest
+    one where none is)."""
+    major, minor = capability
     fits = [a for a in archs if int(a[3:]) <= major * 10 + minor]
     return max(fits, key=lambda a: int(a[3:])) if fits else min(archs, key=lambda a: int(a[3:]))
+
+
+def register_optix_programs(device: torch.device) -> None:
+    """Registers the OptiX programs of a prebuilt extension with the OptiX runtime, for ``device``'s
+    architecture, before the first OptiX scene is built (its pipeline is made at its first lookup). Choosing
+    among the wheel's architectures asks the GPU for its capability, which import must not do: that would
+    initialise CUDA in every process that imports the package, and a process that did cannot fork workers that
+    use CUDA. A JIT build's programs target this GPU and are registered at load. Once per process: the runtime
+    keeps one program set per name."""
+    if device.type != "cuda" or not _program_choices:
+        return
+    info = load()
+    capability = torch.cuda.get_device_capability(device)
+    for name, by_arch in sorted(_program_choices.items()):
+        path = by_arch[pick_program_arch(list(by_arch), capability)]
+        torch.ops.rtindex_internal.set_program_path(name, path)
+        info["optix_programs"][name] = path
+    _program_choices.clear()
 
 
 def _load_prebuilt() -> tuple[ModuleType, dict] | str:
@@ -516,18 +572,19 @@ def _load_prebuilt() -> tuple[ModuleType, dict] | str:
     if why:
         return why
     module = _import_library(recorded["name"], _PACKAGE_DIR / recorded["library"])
-    programs = {}
-    for prog, by_arch in recorded.get("optix_programs", {}).items():
-        programs[prog] = str(_PACKAGE_DIR / by_arch[_pick_program_arch(sorted(by_arch, key=lambda a: int(a[3:])))])
+    # The architecture of the programs is chosen by the first OptiX index (register_optix_programs).
+    _program_choices.update({prog: {arch: str(_PACKAGE_DIR / rel) for arch, rel in by_arch.items()}
+                             for prog, by_arch in recorded.get("optix_programs", {}).items()})
     info = {"digest": recorded["sources_digest"], "backend": recorded["backend"], "kind": "prebuilt",
-            "path": str(_PACKAGE_DIR / recorded["library"]), "optix_programs": programs,
+            "path": str(_PACKAGE_DIR / recorded["library"]), "optix_programs": {},
             "torch": recorded["torch"]["version"], "cuda_arch_list": recorded.get("cuda_arch_list")}
     return module, info
 
 
 def load() -> dict:
     """Loads the extension (prebuilt, else built just in time if needed); returns what was loaded: ``backend``
-    ("cpu"/"cuda"), ``kind`` ("prebuilt"/"jit"), ``path`` (the library), its OptiX programs. Idempotent."""
+    ("cpu"/"cuda"), ``kind`` ("prebuilt"/"jit"), ``path`` (the library), its OptiX programs (a prebuilt
+    extension's once the first OptiX index chose them). Idempotent; initialises no CUDA."""
     global _loaded, _module
     if _loaded is not None:
         return _loaded
@@ -540,7 +597,7 @@ def load() -> dict:
         module, info = jit_build(extension_spec(cuda_build_enabled()))
         if found:
             info["prebuilt_skipped"] = found
-    for name, path in info["optix_programs"].items():
+    for name, path in info["optix_programs"].items():  # a JIT build's, made for this GPU (nothing to choose)
         torch.ops.rtindex_internal.set_program_path(name, path)
     if info["backend"] == "cuda":
         # OptiX's disk cache of compiled modules and pipelines, next to the builds (optix_runtime.cpp says why).

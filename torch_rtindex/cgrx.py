@@ -27,7 +27,7 @@ from typing import Any, get_args
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_int, check_scene, format_bytes, query_sort_bits
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, _optix_ops, check_int, check_scene, format_bytes, query_sort_bits
 from ._keys import KEY_TYPES, resolve_key_type
 from ._config import LAYOUT_CODES, REPRESENTATION_CODES, cgrx_config, check_option
 from .index import Backend, BucketSearch, KeyType, Layout, PairsLayout, Representation
@@ -182,7 +182,7 @@ class CgRXIndex(CgRXSearch):
         self._record_input_uses((keys,))
         self.num_buckets = -(-self._n // self.bucket_size)
         if self.backend == "optix" and self.device.type == "cuda":
-            self._scene = ops.cgrx_build_scene(
+            self._scene = _optix_ops(self.device).cgrx_build_scene(
                 self._reps, self.num_buckets, self.scene.as_list(), REPRESENTATION_CODES[self.representation],
                 self._pairs, self.bucket_size, LAYOUTS[self.layout],
             )

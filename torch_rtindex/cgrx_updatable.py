@@ -21,7 +21,7 @@ from ._base import format_bytes
 from ._config import cgrx_config
 from .cgrx import CGRX_SCENE, CgRXSearch, _ops
 from .index import Backend, KeyType
-from ._base import query_sort_bits
+from ._base import _optix_ops, query_sort_bits
 from .results import UpdateResult
 from .scene import SceneConfig
 
@@ -212,7 +212,7 @@ class UpdatableCgRXIndex(CgRXSearch):
         self.num_buckets = reps.numel()
         self._node_reads = 1.0  # a bulk load puts every bucket in one node
         if self.backend == "optix" and self.device.type == "cuda":
-            self._scene = ops.cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
+            self._scene = _optix_ops(self.device).cgrx_build_scene(self._reps, self.num_buckets, self.scene.as_list())
         else:
             self._scene = self._no_scene()
         self._note_key_span(ordered)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, check_bool, check_int, check_scene, format_bytes
+from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, _optix_ops, check_bool, check_int, check_scene, format_bytes
 from ._keys import resolve_key_type
 from ._config import rx_config
 from .index import KeyType
@@ -78,7 +78,7 @@ class RXIndex(IndexBase):
     def _build(self, keys: torch.Tensor) -> None:
         ordered = self._map_keys(keys)
         self._keys = ordered
-        self._structure = _ops().rx_build(ordered, self.scene.as_list(), self.allow_update)
+        self._structure = _optix_ops(self.device).rx_build(ordered, self.scene.as_list(), self.allow_update)
         self._note_keys(ordered)
 
     def _note_keys(self, ordered: torch.Tensor) -> None:
