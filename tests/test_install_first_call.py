@@ -42,7 +42,8 @@ if True:
     ids = ti.IdToRow(torch.tensor([3, 1, 2]))
     answers["IdToRow"] = ids(torch.tensor([2, 3])).tolist()
     answers["join"] = [t.tolist() for t in ti.join(ti.CgRXIndex(keys), queries)]
-heavy = ("torch._dynamo", "torch.distributed", "torch.fx", "torch._inductor", "torch._higher_order_ops")
+heavy = ("torch._dynamo", "torch.distributed", "torch.fx", "torch._inductor", "torch._higher_order_ops",
+         "torch.utils.cpp_extension", "setuptools")
 print(json.dumps({
     "answers": answers, "expected": expected,
     "dynamo_after_import": "torch._dynamo" in after_import,
@@ -160,6 +161,26 @@ def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
     _extension.register_optix_programs(torch.device("cuda", 0))  # registered already: nothing asked
     assert info["optix_programs"]["rx"] == "/w/rx.sm_80.optixir" and len(registered) == 2
+
+
+@pytest.mark.parametrize("env", ["CUDA_HOME", "CUDA_PATH", "nvcc on PATH", "none"])
+def test_cuda_home_is_found_as_cpp_extension_finds_it(env, tmp_path, monkeypatch):
+    from torch.utils import cpp_extension
+
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    if env in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.setenv(env, str(tmp_path / "toolkit"))
+    elif env == "nvcc on PATH":
+        (tmp_path / "toolkit" / "bin").mkdir(parents=True)
+        nvcc = tmp_path / "toolkit" / "bin" / "nvcc"
+        nvcc.write_text("#!/bin/sh\n")
+        nvcc.chmod(0o755)
+        monkeypatch.setenv("PATH", str(nvcc.parent))
+    assert _extension.cuda_home() == cpp_extension._find_cuda_home()
+    if env != "none":
+        assert _extension.cuda_home() == str(tmp_path / "toolkit")
 
 
 def test_static_address_mark_matches_dynamo():

@@ -72,14 +72,26 @@ _program_choices: dict[str, dict[str, str]] = {}  # a prebuilt extension's OptiX
 _module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
 
 
+def cuda_home() -> str | None:
+    """The CUDA toolkit's folder, found as ``torch.utils.cpp_extension.CUDA_HOME`` is ($CUDA_HOME, $CUDA_PATH,
+    nvcc on PATH, /usr/local/cuda), without importing that module: it imports setuptools, tenths of a second
+    that every import of the package would pay. tests/test_install_first_call.py checks the two agree."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home is None:
+        nvcc = shutil.which("nvcc")
+        if nvcc is not None:
+            home = os.path.dirname(os.path.dirname(nvcc))
+        elif os.path.exists("/usr/local/cuda"):
+            home = "/usr/local/cuda"
+    return home
+
+
 def cuda_build_enabled() -> bool:
     if os.environ.get("TORCH_RTINDEX_CPU_ONLY", "") not in ("", "0"):
         return False
     if torch.version.cuda is None:
         return False
-    from torch.utils import cpp_extension
-
-    return cpp_extension.CUDA_HOME is not None
+    return cuda_home() is not None
 
 
 def _build_root() -> Path:
@@ -237,9 +249,7 @@ def _compilers(spec: BuildSpec) -> dict:
     cxx = os.environ.get("TORCH_RTINDEX_CXX") or os.environ.get("CXX") or "c++"
     out = {"cxx": _file_identity(cxx.split()[0]), "cxx_env": [os.environ.get("TORCH_RTINDEX_CXX"), os.environ.get("CXX")]}
     if spec.with_cuda:
-        from torch.utils import cpp_extension
-
-        out["nvcc"] = _file_identity(os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc"))
+        out["nvcc"] = _file_identity(_nvcc())
         out["cuda_arch_list"] = os.environ.get("TORCH_CUDA_ARCH_LIST")
     return out
 
@@ -328,9 +338,7 @@ def compile_optix_program(nvcc: str, csrc: Path, rel: str, arch: str, target: Pa
 
 
 def _nvcc() -> str:
-    from torch.utils import cpp_extension
-
-    return os.path.join(cpp_extension.CUDA_HOME, "bin", "nvcc")
+    return os.path.join(cuda_home(), "bin", "nvcc")
 
 
 # ------------------------------------------------------------------------------------------------ the JIT build
