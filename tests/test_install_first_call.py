@@ -79,7 +79,8 @@ def refuse(*args, **kwargs):
     raise AssertionError("CUDA was queried")
 
 # Every way torch_rtindex could ask the GPU (all initialise CUDA) refuses while the package is imported.
-saved = {name: getattr(torch.cuda, name) for name in ("get_device_capability", "get_device_properties", "_lazy_init", "init")}
+names = ("get_device_capability", "get_device_properties", "_lazy_init", "init")
+saved = {name: getattr(torch.cuda, name) for name in names}
 for name in saved:
     setattr(torch.cuda, name, refuse)
 import torch_rtindex as ti
@@ -150,7 +151,8 @@ def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
                "cgrx": {"sm_80": "/w/cgrx.sm_80.optixir", "sm_90": "/w/cgrx.sm_90.optixir"}}
     monkeypatch.setattr(_extension, "_program_choices", choices)
     registered = []  # the runtime's registry is process-wide: these made-up paths must not reach it
-    monkeypatch.setattr(torch.ops.rtindex_internal, "set_program_path", lambda name, path: registered.append((name, path)))
+    monkeypatch.setattr(torch.ops.rtindex_internal, "set_program_path",
+                        lambda name, path: registered.append((name, path)))
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
     _extension.register_optix_programs(torch.device("cpu"))  # a CPU index needs no programs
     assert info["optix_programs"] == {}

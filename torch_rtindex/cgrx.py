@@ -27,7 +27,8 @@ from typing import Any, get_args
 
 import torch
 
-from ._base import OPTIX_CAPTURE_REASON, IndexBase, _ops, _optix_ops, check_int, check_scene, format_bytes, query_sort_bits
+from ._base import (OPTIX_CAPTURE_REASON, IndexBase, _ops, _optix_ops, check_int, check_scene, format_bytes,
+                    query_sort_bits)
 from ._keys import KEY_TYPES, resolve_key_type
 from ._config import LAYOUT_CODES, REPRESENTATION_CODES, cgrx_config, check_option
 from .index import Backend, BucketSearch, KeyType, Layout, PairsLayout, Representation

@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout this file lives in
-
 import torch
 
-import torch_rtindex as ti
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: _common
+import _common  # noqa: F401,E402  (this checkout first on sys.path)
+import torch_rtindex as ti  # noqa: E402
 
 
 def usage() -> tuple[float, int]:
@@ -43,7 +43,8 @@ def main() -> None:
     keys = torch.randint(-2**63, 2**63 - 1, (1 << 20,), generator=torch.Generator().manual_seed(0))
     if args.plain:
         print("torch.sort", " ".join(timed(lambda: torch.sort(keys, stable=True)) for _ in range(args.builds)))
-        print("torch.ones(96 MiB)", " ".join(timed(lambda: torch.ones(12 << 20, dtype=torch.int64)) for _ in range(args.builds)))
+        ones = " ".join(timed(lambda: torch.ones(12 << 20, dtype=torch.int64)) for _ in range(args.builds))
+        print("torch.ones(96 MiB)", ones)
     for name in args.classes.split(","):
         cls = getattr(ti, name)
         print(name, " ".join(timed(lambda: cls(keys)) for _ in range(args.builds)))
