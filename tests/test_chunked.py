@@ -28,7 +28,7 @@ from torch_rtindex.chunked.calibration import Calibrator
 from torch_rtindex.chunked.cost import CostModel
 from torch_rtindex.chunked.executor import Executor
 from torch_rtindex.chunked.hot_tier import HOT_CANDIDATE_BYTES, HotTier
-from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, align, search_bytes
+from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, ChunkStore, align, search_bytes
 from torch_rtindex.chunked.updates import InPlace, Updater
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -968,18 +968,18 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
-    cache, plain, evicted = index._cache, index._store.in_place_view, []
+    plain, evicted = ChunkStore.in_place_view, []
 
-    def evicting(chunk):
+    def evicting(store, chunk):  # the store's cache is the index's
         if device == "cuda":
             torch.cuda.synchronize()  # the earlier lookups are done with the slots overwritten here
-        for c, e in list(cache.entries.items()):
+        for c, e in list(store.cache.entries.items()):
             e.arena.storage()[e.off : e.off + align(c.nbytes)].fill_(0xFF)
-            cache.evict(c)
+            store.cache.evict(c)
             evicted.append(c)
-        return plain(chunk)
+        return plain(store, chunk)
 
-    monkeypatch.setattr(index._store, "in_place_view", evicting)
+    monkeypatch.setattr(ChunkStore, "in_place_view", evicting)
     q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
     lo = _key_ordered(index, q, device)
     index.reset_stats()
@@ -1530,7 +1530,7 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     their slots back."""
     keys = int64_keys("uniform", 4000, gen)
     probe = chunked(keys, "cpu", hot_keys=0)
-    largest = max(align(c.nbytes) for c in probe._store.chunks)
+    largest = max(align(c["bytes"]) for c in probe.chunk_info())
     search = int(sum(search_bytes(c.specs) for c in probe._store.chunks) * SEARCH_SLACK)
     index = chunked(keys, "cuda", gpu_budget=3 * largest + search, hot_keys=0)
     cache = index._cache
