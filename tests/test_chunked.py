@@ -183,7 +183,7 @@ def test_empty_index_empty_batches_and_one_chunk(gen):
     assert index.range_capped(e, e, 4).rows.tolist() == [-1] * 4
 
 
-def test_budgets(gen):
+def test_budgets(gen, monkeypatch):
     keys = int64_keys("uniform", 2000, gen)
     with pytest.raises(ValueError, match="holds no chunk"):
         ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=1000)
@@ -191,7 +191,9 @@ def test_budgets(gen):
     q = keys[:500]
     index.lookup(q)
     index.reset_stats()
-    index.lookup(q)  # every chunk it touches is cached now: the GPU-only batch finds them all there
+    index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
+    _fixed_rates(index, monkeypatch, gpu=1e15)
+    index.lookup(q)
     s = index.stats()
     touched = chunk_of(index, torch.ops.rtindex.map_keys(q, 0)).unique().numel()
     assert s["chunk_misses"] == 0 and s["chunk_hits"] == touched > 0 and s["queries_cpu"] == 0  # everything stayed cached
@@ -369,6 +371,7 @@ def test_hot_tier_warm_learning_and_pauses(gen):
     # uniform distinct keys: nothing is worth a tier; learning pauses instead of paying every batch
     index.hot_tier, index.hot_learn = True, True
     index.clear_hot()
+    assert index.hot_tier_keys.numel() == 0 and index.stats()["hot_pairs"] == index.stats()["hot_row_map"] == 0
     for i in range(3):
         got = index.lookup(keys[i * 300 : (i + 1) * 300])
         assert got.first_row.tolist() == list(range(i * 300, (i + 1) * 300))
@@ -659,6 +662,7 @@ def test_queues_read_in_place_match_the_reference(gen, monkeypatch, updatable):
 def test_in_place_rate_is_calibrated_then_learned(gen):
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
+    assert index.stats()["rates_measured"] == {"cpu": None, "copy": None, "gpu": None, "in_place": None}  # guesses
     index.read_in_place = True
     q = keys[torch.randint(0, keys.numel(), (20000,), generator=gen)]  # queues of over 256: calibrated
     ref = CgRXIndex(keys).lookup(q)
