@@ -270,8 +270,8 @@ class ChunkedIndex:
     @property
     def hot_pair_bytes(self) -> int:
         """The hot tier's bytes per (key, row ID) pair now: its cgRX pair, search part and, once row IDs reach
-        2^32, a row map entry; a learning candidate costs ``HOT_CANDIDATE_BYTES`` more. ``hot_keys`` is priced
-        at these (how many keys a byte budget holds)."""
+        2^32, a row map entry. ``hot_keys`` is priced at these, plus a learning candidate's few bytes
+        (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier learns."""
         return self._hot.pair_bytes()
 
     @property
