@@ -290,18 +290,37 @@ def test_tier_misses_reach_the_chunks_sorted(gen, monkeypatch, key_type):
 
 
 def _key_ordered(index, q, device):
-    """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to _serve."""
+    """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to the chunks."""
     lo = torch.ops.rtindex.map_keys(q.to(device), 0)  # int64 keys
     return torch.sort(lo ^ TOP).values ^ TOP
 
 
-def _serve_key_ordered(index, lo, ref):
-    """lo's point lookups served as a batch sorted by key (key_order), checked against the reference (int64 keys:
-    ordered ^ TOP is the key)."""
-    got_first, got_count = index._executor.serve("lookup", lo, None, None, lo.device, True)
-    want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
-    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+def _tier_of_one_key(index, keys):
+    """Gives ``index`` a hot tier of one key of ``keys`` (its rarest, not an edge the tests ask), learning nothing;
+    returns the key. A point batch without it is all misses of the tier, which reach the chunks as one batch sorted
+    by key."""
+    distinct, counts = torch.unique(keys.cpu(), return_counts=True)
+    counts[torch.isin(distinct, torch.tensor([I64_MIN, I64_MAX, 0, -1]))] = keys.numel() + 1
+    key = distinct[counts.argmin()].reshape(1)
+    index.hot_learn = False
+    assert index.warm(key.to(index.device)) == 1
+    return int(key)
+
+
+def _misses_of_the_tier(q, held, device):
+    """q without the tier's key ``held``: its point lookups reach the chunks as the tier's misses."""
+    return q[q != held].to(device)
+
+
+def _lookup_key_ordered(index, q, ref):
+    """q's point lookups (no query on the tier's key) checked against the reference; every query is a miss of the
+    tier, so the chunks serve them as one batch sorted by key (key_order)."""
+    got = index.lookup(q)
+    want_first, want_count, _ = ref.points(q.cpu())
+    np.testing.assert_array_equal(got.first_row.cpu().numpy(), want_first)
+    np.testing.assert_array_equal(got.count.cpu().numpy(), want_count)
+    s = index.stats()
+    assert s["hot_keys"] == 1 and s["last_batch"]["hot_hits"] == 0
 
 
 def _recorded_groups(monkeypatch, what):
@@ -324,10 +343,11 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch):
     import torch_rtindex.chunked.executor as executor_module
 
     keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, hot_keys=8)
     assert index.num_chunks > 5
     index.read_in_place = True
     _fixed_rates(index, monkeypatch, cpu=1e8, copy=1.0, gpu=1e8, in_place=1e8)  # both serve
+    held = _tier_of_one_key(index, keys)
     first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
     seen = []
     merge = executor_module.merge
@@ -337,9 +357,10 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch):
     for n in (0, 1, 700):
         q = torch.cat([point_queries(keys, n, gen), first[: n // 100], first[: n // 100] - 1,
                        torch.tensor([I64_MIN, I64_MAX] if n else [], dtype=torch.int64)])
+        q = _misses_of_the_tier(q, held, device)
         lo = _key_ordered(index, q, device)
         seen.clear()
-        _serve_key_ordered(index, lo, ref)
+        _lookup_key_ordered(index, q, ref)
         (queues,) = seen
         assert sum(x.numel() for _, x in queues) == lo.numel()
         chunk_ids = chunk_of(index, lo)
@@ -910,10 +931,12 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
     the cached chunks as hits and only the other queues' queries as read in place."""
     calls = _recorded_groups(monkeypatch, lambda tasks, S: sorted(t.resident for t in tasks))
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)  # the GPU serves; no copies
+    held = _tier_of_one_key(index, keys)
     samples = []
     monkeypatch.setattr(Executor, "learn_rates", lambda self, batch: samples.append(batch.in_place_lookups))
     cached = {i for i, c in enumerate(index.chunk_info()) if c["cached"]}
@@ -921,6 +944,7 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
     ref = Reference(keys, "int64")
     for n in (1, 700):
         q = torch.cat([point_queries(keys, n, gen), torch.tensor([I64_MIN, I64_MAX] * (n > 1), dtype=torch.int64)])
+        q = _misses_of_the_tier(q, held, device)
         lo = _key_ordered(index, q, device)
         ids = chunk_of(index, lo)
         in_cached = sum(int((ids == c).sum()) for c in cached)
@@ -928,7 +952,7 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
         calls.clear()
         samples.clear()
         index.reset_stats()
-        _serve_key_ordered(index, lo, ref)
+        _lookup_key_ordered(index, q, ref)
         s = index.stats()
         assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
         # the in-place rate's samples: the one launch's in-place queries, and their share of its time by the planned
@@ -950,14 +974,16 @@ def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkey
     queue: cached queues join only a launch that reads some queue in place."""
     calls = _recorded_groups(monkeypatch, lambda tasks, S: len(tasks))
     keys = int64_keys("uniform", 3000, gen)
-    index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys.to(device))  # every chunk cached
     assert all(c["cached"] for c in index.chunk_info())
     index.processors, index.read_in_place = "auto", False
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1e12, gpu=1e9, in_place=1e9)
-    lo = _key_ordered(index, point_queries(keys, 500, gen), device)
+    q = _misses_of_the_tier(point_queries(keys, 500, gen), _tier_of_one_key(index, keys), device)
+    lo = _key_ordered(index, q, device)
     index.reset_stats()
-    _serve_key_ordered(index, lo, Reference(keys, "int64"))
+    _lookup_key_ordered(index, q, Reference(keys, "int64"))
     s = index.stats()
     assert calls == [] and s["chunk_hits"] > 1 and s["queries_in_place"] == 0 and s["queries_gpu"] == lo.numel()
 
@@ -968,10 +994,12 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
     slot. Forced here on both devices: every cached chunk evicted and its slot overwritten as a view is made; the
     answers stay the reference's and no evicted chunk counts as a hit."""
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
+    held = _tier_of_one_key(index, keys)
     plain, evicted = ChunkStore.in_place_view, []
 
     def evicting(store, chunk):  # the store's cache is the index's
@@ -984,10 +1012,11 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
         return plain(store, chunk)
 
     monkeypatch.setattr(ChunkStore, "in_place_view", evicting)
-    q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
+    q = _misses_of_the_tier(torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])]),
+                            held, device)
     lo = _key_ordered(index, q, device)
     index.reset_stats()
-    _serve_key_ordered(index, lo, Reference(keys, "int64"))
+    _lookup_key_ordered(index, q, Reference(keys, "int64"))
     s = index.stats()
     assert evicted and s["chunk_hits"] == 0 and s["queries_in_place"] == lo.numel()
 
