@@ -25,9 +25,11 @@ from torch_rtindex import CgRXIndex, ChunkedIndex
 from torch_rtindex.chunked.build import Builder
 from torch_rtindex.chunked.cache import Arena
 from torch_rtindex.chunked.calibration import Calibrator
+from torch_rtindex.chunked.config import ChunkedConfig
 from torch_rtindex.chunked.cost import CostModel
 from torch_rtindex.chunked.executor import Executor
 from torch_rtindex.chunked.hot_tier import HOT_CANDIDATE_BYTES, HotTier
+from torch_rtindex.chunked.stats import Stats
 from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, ChunkStore, align, search_bytes
 from torch_rtindex.chunked.updates import InPlace, Updater
 
@@ -196,7 +198,8 @@ def test_budgets(gen, monkeypatch):
     index.lookup(q)
     s = index.stats()
     touched = chunk_of(index, torch.ops.rtindex.map_keys(q, 0)).unique().numel()
-    assert s["chunk_misses"] == 0 and s["chunk_hits"] == touched > 0 and s["queries_cpu"] == 0  # everything stayed cached
+    # everything stayed cached
+    assert s["chunk_misses"] == 0 and s["chunk_hits"] == touched > 0 and s["queries_cpu"] == 0
     assert all(c["cached"] for c in index.chunk_info()) and s["resident_chunks"] == index.num_chunks == touched
     host_only = ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=0)
     assert host_only.lookup(q).count.tolist() == index.lookup(q).count.tolist()
@@ -270,9 +273,11 @@ def test_tier_misses_reach_the_chunks_sorted(gen, monkeypatch, key_type):
     index.hot_learn = False
     held = index.warm(keys[:64])
     tier_keys = index.hot_tier_keys  # the keys as given, in their dtype
-    assert tier_keys.dtype == keys.dtype and tier_keys.numel() == held > 0 and bool(torch.isin(tier_keys, keys[:64]).all())
+    assert tier_keys.dtype == keys.dtype and tier_keys.numel() == held > 0
+    assert bool(torch.isin(tier_keys, keys[:64]).all())
     served, serve = [], Executor.serve
-    monkeypatch.setattr(Executor, "serve", lambda self, form, lo, *a: served.append((lo, a[3:])) or serve(self, form, lo, *a))
+    monkeypatch.setattr(Executor, "serve", lambda self, form, lo, *a: (
+        served.append((lo, a[3:])) or serve(self, form, lo, *a)))
     cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
     edges = keys[-504:-500]
@@ -468,7 +473,8 @@ def test_hot_tier_aggregates_rows_shared_by_pairs():
         index = ChunkedIndex(torch.arange(2000), device="cpu", chunk_bytes=1024, gpu_budget=1 << 16, hot_keys=hot)
         index.update(insert_keys=torch.full((10,), 5000), insert_rows=torch.full((10,), 1999))
         last = index.chunk_info()[-1]
-        assert last["row_base"] > 0 and last["n"] > 2000 - last["row_base"] and last["row_map"] == 0  # more pairs than values
+        # more pairs than values
+        assert last["row_base"] > 0 and last["n"] > 2000 - last["row_base"] and last["row_map"] == 0
         if hot:
             assert index.warm(torch.tensor([5000])) == 1
             assert index.stats()["hot_row_map"] == 0 and index.stats()["hot_row_base"] == 1999
@@ -703,12 +709,12 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=2000)
     index.read_in_place = True
     index.warm(keys[:2000])
-    assert index.stats()["rates_measured"]["cpu"] == "other" and index.stats()["rates_measured"]["in_place"] == "other"
+    assert index.stats()["rates_measured"]["cpu"] == index.stats()["rates_measured"]["in_place"] == "other"
     q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     got = index.lookup(q)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index.stats()["rates_measured"]["cpu"] == "points" and index.stats()["rates_measured"]["in_place"] == "points"
+    assert index.stats()["rates_measured"]["cpu"] == index.stats()["rates_measured"]["in_place"] == "points"
     rates = index.rates()
     index.lookup_all(q)
     assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
@@ -1602,7 +1608,10 @@ def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):
     size (the config's cold bit); an index of its own, and the hot tier, do not. The answers are the same."""
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
-    view = index._store.host_view(index._store.chunks[0])
+    config = ChunkedConfig(chunk_bytes=SMALL, gpu_budget=0, device="cpu", layout="packed_row").resolved()
+    store = ChunkStore(config, "int64", torch.int64, False, Stats())  # the chunk store on its own, as the index's
+    store.set(Builder(config, "int64", pin=False).build(keys))
+    view = store.host_view(store.chunks[0])
     plain = CgRXIndex(keys)
     assert view.index._cold and not plain._cold
     assert index.lookup(keys[:5]).count.tolist() == [1] * 5
