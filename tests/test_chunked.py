@@ -720,7 +720,7 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
     assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
 
 
-def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
+def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen, monkeypatch):
     """A rate so low that no plan uses its way is never measured by the batches: after RATE_STALE point batches
     without a measurement, a point batch with a queue big enough to time lookups rather than a call calibrates it
     again."""
@@ -740,9 +740,14 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     index.lookup(q)  # stale, but its queues (about 800) are too small to replace a point batch's rate
     assert index.rates().in_place == 1.0
     big = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k
+    ways, calibrate_way = [], Calibrator.calibrate_way
+    monkeypatch.setattr(Calibrator, "calibrate_way", lambda self, name, *a: (
+        ways.append(name), calibrate_way(self, name, *a))[1])
     got, ref = index.lookup(big), CgRXIndex(keys).lookup(big)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index.rates().in_place > 1.0 and index._cost.age["in_place"] <= 1
+    assert "in_place" in ways and index.rates().in_place > 1.0  # calibrated by this batch, on its point lookups
+    last = [c for c in index.stats()["calibrations"] if c["way"] == "in_place"][-1]
+    assert last["points"] and last["set"]
 
 
 def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
