@@ -28,6 +28,8 @@
 #   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
 #   bash benchmarks/gpu_check.sh sharded_bound  # 2+ GPUs: lab/sharded_bound_probe.py twice (a rank's lookups, exchange
 #                                           # and routing with no dependencies, against the 1.7x budget)
+#   bash benchmarks/gpu_check.sh sharded_embedding  # 2+ GPUs: 2^10 / 2^14 / 2^17 IDs per rank per call (2^24 keys per
+#                                           # rank), eager and CUDA-graph replay, against two plain all-to-alls
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
 # The build lands in .build (TORCH_RTINDEX_BUILD_DIR), so a warm machine reuses it across stages.
@@ -161,8 +163,14 @@ case "${1:-}" in
       done
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
+  sharded_embedding)
+    { header "sharded, embedding-sized calls, $(nvidia-smi -L | wc -l) GPUs"
+      python3 -c "import torch_rtindex"  # builds the extension if needed, outside the timeout
+      timeout 200 torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_embedding_bench.py --out-dir "$out"
+      echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_embedding_$commit.log"
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound|sharded_embedding" >&2
     exit 2
     ;;
 esac
