@@ -654,7 +654,7 @@ class ChunkedIndex:
         info = self._store.info()
         for d, c in zip(info, self._store.chunks):
             d["row_base"] = c.base
-            d["row_map"] = next(int(count) for name, _, count, _ in c.specs if name == "l2g")
+            d["row_map"] = c.row_map_entries()
         return info
 
     def __repr__(self) -> str:
