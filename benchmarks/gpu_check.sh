@@ -68,10 +68,11 @@ case "${1:-}" in
         tests/test_opcheck.py tests/test_cgrx.py tests/test_chunked.py tests/test_partition.py \
         -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or read_in_place or partition or pack or scatter or global_rows or answered_in_groups or queues_operator)) or zero_copy_serving"
       echo "rc=$?"
-      # The sharded lookups through NCCL with one rank (its worker process is checked too). NCCL's start-up asks
+      # The sharded lookups through NCCL with one rank, one GPU (its worker process is checked too). NCCL's start-up asks
       # for kernel images of other architectures and handles the refusal: API errors are not reported here.
-      compute-sanitizer --tool memcheck --error-exitcode 3 --target-processes all --report-api-errors no \
-        python3 -m pytest -q -p no:cacheprovider tests/test_sharded.py -k one_gpu
+      CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} compute-sanitizer --tool memcheck --error-exitcode 3 \
+        --target-processes all --report-api-errors no \
+        python3 -m pytest -q -p no:cacheprovider tests/test_sharded.py -k "nccl_key_set or nccl_case"
       echo "rc=$?"; } 2>&1 | log "memcheck_$commit.log"
     ;;
   small)
