@@ -31,18 +31,16 @@ import argparse
 import functools
 import os
 import statistics
-import sys
 import time
-from datetime import timedelta
 
 import _common  # noqa: F401,E402  (this checkout first on sys.path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from _common import git_commit, write_json  # noqa: E402
+from _common import git_commit, launch_ranks, write_json  # noqa: E402
 from torch_rtindex import CgRXIndex  # noqa: E402
-from torch_rtindex.distributed import ShardedIndex, no_multicast_env, spawn  # noqa: E402
+from torch_rtindex.distributed import ShardedIndex, no_multicast_env  # noqa: E402
 
 KEY_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # odd: g -> g * M (mod 2^64) is a bijection; as a signed int64
 FORMS = ("a2a", "a2a_graph", "lookup_rows", "lookup_fixed", "lookup_fixed_nocheck", "lookup_fixed_graph")
@@ -267,20 +265,7 @@ def bench(rank: int, world: int, argv: list[str]) -> None:
 
 def main() -> None:
     no_multicast_env()  # before any NCCL communicator exists, here and in every process started below
-    a = parse()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        if a.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if a.device == "cuda" else "gloo", timeout=timedelta(seconds=300))
-        try:
-            bench(dist.get_rank(), dist.get_world_size(), sys.argv[1:])
-        finally:
-            dist.destroy_process_group()
-        return
-    world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
-    if world < 1:
-        raise SystemExit("no CUDA devices: pass --device cpu for a gloo smoke test")
-    spawn(bench, world, sys.argv[1:], backend="nccl" if a.device == "cuda" else "gloo", timeout_s=300)
+    launch_ranks(bench, parse(), timeout_s=300)
 
 
 if __name__ == "__main__":
