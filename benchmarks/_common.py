@@ -64,3 +64,29 @@ def git_commit() -> str:
                                        cwd=TREE, stderr=subprocess.DEVNULL).strip()
     except Exception:
         return "unknown"
+
+
+def launch_ranks(bench, args, timeout_s: int, pg_options=None) -> None:
+    """Runs ``bench(rank, world, sys.argv[1:])`` on every rank of a process group: under torchrun in this process
+    (NCCL where ``args.device`` is CUDA, with ``pg_options``; gloo on the CPU), else in ``args.world`` processes
+    started here (default: one per GPU, two on the CPU)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torch_rtindex.distributed import spawn
+
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+        if args.device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), pg_options=pg_options)
+        try:
+            bench(dist.get_rank(), dist.get_world_size(), sys.argv[1:])
+        finally:
+            dist.destroy_process_group()
+        return
+    world = args.world or (torch.cuda.device_count() if args.device == "cuda" else 2)
+    if world < 1:
+        raise SystemExit("no CUDA devices: pass --device cpu for a gloo smoke test")
+    spawn(bench, world, sys.argv[1:], backend=backend, timeout_s=timeout_s)

@@ -28,6 +28,8 @@
 #   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
 #   bash benchmarks/gpu_check.sh sharded_bound  # 2+ GPUs: lab/sharded_bound_probe.py twice (a rank's lookups, exchange
 #                                           # and routing with no dependencies, against the 1.7x budget)
+#   bash benchmarks/gpu_check.sh sharded_embedding  # 2+ GPUs: 2^10 / 2^14 / 2^17 IDs per rank per call (2^24 keys per
+#                                           # rank), eager and CUDA-graph replay, against two plain all-to-alls
 #
 # Logs and JSON go to $OUT (the device tool's folder) or benchmarks/results/<GPU>/ otherwise, named by commit.
 # The build lands in .build (TORCH_RTINDEX_BUILD_DIR), so a warm machine reuses it across stages.
@@ -66,10 +68,11 @@ case "${1:-}" in
         tests/test_opcheck.py tests/test_cgrx.py tests/test_chunked.py tests/test_partition.py \
         -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or read_in_place or partition or pack or scatter or global_rows or answered_in_groups or queues_operator)) or zero_copy_serving"
       echo "rc=$?"
-      # The sharded lookups through NCCL with one rank (its worker process is checked too). NCCL's start-up asks
+      # The sharded lookups through NCCL with one rank, one GPU (its worker process is checked too). NCCL's start-up asks
       # for kernel images of other architectures and handles the refusal: API errors are not reported here.
-      compute-sanitizer --tool memcheck --error-exitcode 3 --target-processes all --report-api-errors no \
-        python3 -m pytest -q -p no:cacheprovider tests/test_sharded.py -k one_gpu
+      CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} compute-sanitizer --tool memcheck --error-exitcode 3 \
+        --target-processes all --report-api-errors no \
+        python3 -m pytest -q -p no:cacheprovider tests/test_sharded.py -k "nccl_key_set or nccl_case"
       echo "rc=$?"; } 2>&1 | log "memcheck_$commit.log"
     ;;
   small)
@@ -161,8 +164,14 @@ case "${1:-}" in
       done
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
     ;;
+  sharded_embedding)
+    { header "sharded, embedding-sized calls, $(nvidia-smi -L | wc -l) GPUs"
+      python3 -c "import torch_rtindex"  # builds the extension if needed, outside the timeout
+      timeout 200 torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/sharded_embedding_bench.py --out-dir "$out"
+      echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_embedding_$commit.log"
+    ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound|sharded_embedding" >&2
     exit 2
     ;;
 esac

@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import _common  # noqa: F401,E402  (this checkout first on sys.path)
@@ -36,10 +35,11 @@ import _common  # noqa: F401,E402  (this checkout first on sys.path)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from _common import launch_ranks  # noqa: E402
 from rx_bench import git_commit, write_json  # noqa: E402
 
 from torch_rtindex import CgRXIndex  # noqa: E402
-from torch_rtindex.distributed import PointRouting, ShardedIndex, no_multicast_env, spawn  # noqa: E402
+from torch_rtindex.distributed import PointRouting, ShardedIndex, no_multicast_env  # noqa: E402
 
 NVLINK_BYTES_PER_S = 370e9
 STAGES = ("check", "partition", "exchange", "local", "return", "scatter")
@@ -404,26 +404,13 @@ def bench(rank: int, world: int, argv: list[str]) -> None:
 def main() -> None:
     no_multicast_env()  # before any NCCL communicator exists, here and in every process started below
     a = parse()
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        backend = "nccl" if a.device == "cuda" else "gloo"
-        if a.device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        opts = None
-        if a.device == "cuda" and (a.nccl_high_priority or a.nccl_max_ctas):
-            opts = dist.ProcessGroupNCCL.Options()
-            opts.is_high_priority_stream = a.nccl_high_priority
-            if a.nccl_max_ctas:
-                opts.config.max_ctas = a.nccl_max_ctas
-        dist.init_process_group(backend, timeout=timedelta(seconds=600), pg_options=opts)
-        try:
-            bench(dist.get_rank(), dist.get_world_size(), sys.argv[1:])
-        finally:
-            dist.destroy_process_group()
-        return
-    world = a.world or (torch.cuda.device_count() if a.device == "cuda" else 2)
-    if world < 1:
-        raise SystemExit("no CUDA devices: pass --device cpu for a gloo smoke test")
-    spawn(bench, world, sys.argv[1:], backend="nccl" if a.device == "cuda" else "gloo", timeout_s=600)
+    opts = None
+    if a.device == "cuda" and (a.nccl_high_priority or a.nccl_max_ctas):
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = a.nccl_high_priority
+        if a.nccl_max_ctas:
+            opts.config.max_ctas = a.nccl_max_ctas
+    launch_ranks(bench, a, timeout_s=600, pg_options=opts)
 
 
 if __name__ == "__main__":

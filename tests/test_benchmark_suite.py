@@ -126,3 +126,27 @@ def test_benchmarks_use_the_public_api():
     assert (ROOT / "benchmarks" / "lab" / "README.md").exists()
     for path in (ROOT / "benchmarks" / "lab").glob("*.py"):
         assert path.name in (ROOT / "benchmarks" / "lab" / "README.md").read_text(), path.name
+
+
+def test_sharded_embedding_bench_on_cpu(tmp_path):
+    """benchmarks/sharded_embedding_bench.py on two gloo processes at tiny sizes: every form timed at every size,
+    every answer checked right, the CUDA-graph forms skipped with the reason."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sharded_embedding_bench.py"), "--device", "cpu", "--world", "2",
+         "--log-keys", "10", "--log-ids", "4,8", "--warmup", "1", "--iters", "3", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "RTINDEX_COMMIT": "testcommit"},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    result = json.loads((tmp_path / "sharded_embedding_testcommit.json").read_text())
+    assert result["world"] == 2 and result["backend"] == "gloo" and result["keys_per_rank"] == 1 << 10
+    runs = {(r["log_ids"], r["form"]): r for r in result["runs"]}
+    graphs = {"a2a_graph", "lookup_fixed_graph"}
+    eager = {"a2a", "lookup_rows", "lookup_fixed", "lookup_fixed_nocheck"}
+    assert set(runs) == {(s, f) for s in (4, 8) for f in eager | graphs}
+    for (_, form), r in runs.items():
+        if form in graphs:
+            assert r["median_s"] is None and r["check"].startswith("skipped"), r
+        else:
+            assert r["median_s"] > 0 and r["mean_s"] > 0 and r["vs_a2a"] > 0, r
+            assert r["check"] == ("n/a" if form == "a2a" else "passed"), r
+    assert "answers checked: all right" in proc.stdout

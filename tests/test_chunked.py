@@ -24,9 +24,13 @@ from reference import Reference, check_capped, check_lookup, check_matches
 from torch_rtindex import CgRXIndex, ChunkedIndex
 from torch_rtindex.chunked.build import Builder
 from torch_rtindex.chunked.cache import Arena
+from torch_rtindex.chunked.calibration import Calibrator
+from torch_rtindex.chunked.config import ChunkedConfig
+from torch_rtindex.chunked.cost import CostModel
 from torch_rtindex.chunked.executor import Executor
 from torch_rtindex.chunked.hot_tier import HOT_CANDIDATE_BYTES, HotTier
-from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, align, search_bytes
+from torch_rtindex.chunked.stats import Stats
+from torch_rtindex.chunked.store import SEARCH_SLACK, TOP, ChunkStore, align, search_bytes
 from torch_rtindex.chunked.updates import InPlace, Updater
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +42,11 @@ def chunk_of(index, ordered):
     """Each ordered key's chunk, found from the chunks' first keys (chunk_info): the reference for queues."""
     lows = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64)
     return torch.searchsorted(lows ^ TOP, ordered.cpu() ^ TOP, right=True)
+
+
+def chunk_number(index, chunk):
+    """A chunk's position among the index's chunks (chunk_info), found by the first key of its range."""
+    return [c["lo"] for c in index.chunk_info()].index(chunk.lo)
 
 
 def chunked(keys, device, **kw):
@@ -114,16 +123,13 @@ def test_key_types(device, gen, key_type):
     check_all_forms(index, keys, key_type, gen, device, n_q=300)
 
 
-def test_both_processors_share_a_batch(gen):
+def test_both_processors_share_a_batch(gen, monkeypatch):
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cpu")
     q = keys[torch.randint(0, keys.numel(), (3000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
+    _fixed_rates(index, monkeypatch, cpu=1e6, copy=1e6, gpu=1e6)  # as fast as each other: both get a share
     for _ in range(3):
-        # as fast as each other: the planner gives both processors a share
-        index._cost.rate["cpu"] = index._cost.rate["copy"] = index._cost.rate["gpu"] = 1e6
-        index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
-        index._cost.measured = dict.fromkeys(index._cost.measured, "points")
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
     s = index.stats()
@@ -179,7 +185,7 @@ def test_empty_index_empty_batches_and_one_chunk(gen):
     assert index.range_capped(e, e, 4).rows.tolist() == [-1] * 4
 
 
-def test_budgets(gen):
+def test_budgets(gen, monkeypatch):
     keys = int64_keys("uniform", 2000, gen)
     with pytest.raises(ValueError, match="holds no chunk"):
         ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=1000)
@@ -188,11 +194,13 @@ def test_budgets(gen):
     index.lookup(q)
     index.reset_stats()
     index.processors = "auto"  # every chunk is cached now: the GPU takes every queue (as fast as a GPU would be)
-    index._cost.rate["gpu"], index._cost.measured = 1e15, dict.fromkeys(index._cost.measured, "points")
-    index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
+    _fixed_rates(index, monkeypatch, gpu=1e15)
     index.lookup(q)
     s = index.stats()
-    assert s["chunk_misses"] == 0 and s["chunk_hits"] > 0 and s["queries_cpu"] == 0  # everything stayed cached
+    touched = chunk_of(index, torch.ops.rtindex.map_keys(q, 0)).unique().numel()
+    # everything stayed cached
+    assert s["chunk_misses"] == 0 and s["chunk_hits"] == touched > 0 and s["queries_cpu"] == 0
+    assert all(c["cached"] for c in index.chunk_info()) and s["resident_chunks"] == index.num_chunks == touched
     host_only = ChunkedIndex(keys, device="cpu", chunk_bytes=SMALL, gpu_budget=0)
     assert host_only.lookup(q).count.tolist() == index.lookup(q).count.tolist()
     with pytest.raises(ValueError, match="gpu_budget > 0"):
@@ -218,7 +226,7 @@ def skewed(keys, hot, n, gen):
 def test_hot_key_tier_answers_every_point_form(gen):
     keys = int64_keys("duplicates", 3000, gen)  # one key 1000 times, others up to 100 times
     index = chunked(keys, "cpu", gpu_budget=1 << 20)  # automatic: a sixteenth of the budget
-    assert index.hot_capacity == (1 << 20) // 16 // (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
+    assert index.hot_capacity == (1 << 20) // 16 // (HOT_CANDIDATE_BYTES + index.hot_pair_bytes)
     plain = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0)
     cg = CgRXIndex(keys)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 7 - 3
@@ -231,7 +239,7 @@ def test_hot_key_tier_answers_every_point_form(gen):
     s = index.stats()
     assert s["hot_keys"] > 0 and s["hot_hits"] > 0 and 1 <= s["hot_rebuilds"] <= 3  # not rebuilt every call
     assert s["hot_pairs"] > s["hot_keys"]  # hot keys with many row IDs: all of them in the tier
-    assert 0 < index.memory()["hot"] <= index.hot_capacity * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
+    assert 0 < index.memory()["hot"] <= index.hot_capacity * (HOT_CANDIDATE_BYTES + index.hot_pair_bytes)
     last = s["last_batch"]
     assert last["queries"] == 0 or last["hot_hits"] <= last["queries"]
     # ranges never touch the tier
@@ -263,10 +271,13 @@ def test_tier_misses_reach_the_chunks_sorted(gen, monkeypatch, key_type):
     keys = torch.cat([keys, keys[:500]])
     index = chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=64, key_type=key_type)
     index.hot_learn = False
-    index.warm(keys[:64])
-    served = []
-    serve = index._executor.serve
-    monkeypatch.setattr(index._executor, "serve", lambda form, lo, *a: served.append((lo, a[3:])) or serve(form, lo, *a))
+    held = index.warm(keys[:64])
+    tier_keys = index.hot_tier_keys  # the keys as given, in their dtype
+    assert tier_keys.dtype == keys.dtype and tier_keys.numel() == held > 0
+    assert bool(torch.isin(tier_keys, keys[:64]).all())
+    served, serve = [], Executor.serve
+    monkeypatch.setattr(Executor, "serve", lambda self, form, lo, *a: (
+        served.append((lo, a[3:])) or serve(self, form, lo, *a)))
     cg = CgRXIndex(keys, key_type=key_type)
     values = torch.arange(keys.numel(), dtype=torch.int64) * 5 + 1
     edges = keys[-504:-500]
@@ -284,18 +295,37 @@ def test_tier_misses_reach_the_chunks_sorted(gen, monkeypatch, key_type):
 
 
 def _key_ordered(index, q, device):
-    """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to _serve."""
+    """q as the index's ordered keys sorted into the chunks' order, as the tier's misses come to the chunks."""
     lo = torch.ops.rtindex.map_keys(q.to(device), 0)  # int64 keys
     return torch.sort(lo ^ TOP).values ^ TOP
 
 
-def _serve_key_ordered(index, lo, ref):
-    """lo's point lookups served as a batch sorted by key (key_order), checked against the reference (int64 keys:
-    ordered ^ TOP is the key)."""
-    got_first, got_count = index._executor.serve("lookup", lo, None, None, lo.device, True)
-    want_first, want_count, _ = ref.points((lo ^ TOP).cpu())
-    np.testing.assert_array_equal(got_first.cpu().numpy(), want_first)
-    np.testing.assert_array_equal(got_count.cpu().numpy(), want_count)
+def _tier_of_one_key(index, keys):
+    """Gives ``index`` a hot tier of one key of ``keys`` (its rarest, not an edge the tests ask), learning nothing;
+    returns the key. A point batch without it is all misses of the tier, which reach the chunks as one batch sorted
+    by key."""
+    distinct, counts = torch.unique(keys.cpu(), return_counts=True)
+    counts[torch.isin(distinct, torch.tensor([I64_MIN, I64_MAX, 0, -1]))] = keys.numel() + 1
+    key = distinct[counts.argmin()].reshape(1)
+    index.hot_learn = False
+    assert index.warm(key.to(index.device)) == 1
+    return int(key)
+
+
+def _misses_of_the_tier(q, held, device):
+    """q without the tier's key ``held``: its point lookups reach the chunks as the tier's misses."""
+    return q[q != held].to(device)
+
+
+def _lookup_key_ordered(index, q, ref):
+    """q's point lookups (no query on the tier's key) checked against the reference; every query is a miss of the
+    tier, so the chunks serve them as one batch sorted by key (key_order)."""
+    got = index.lookup(q)
+    want_first, want_count, _ = ref.points(q.cpu())
+    np.testing.assert_array_equal(got.first_row.cpu().numpy(), want_first)
+    np.testing.assert_array_equal(got.count.cpu().numpy(), want_count)
+    s = index.stats()
+    assert s["hot_keys"] == 1 and s["last_batch"]["hot_hits"] == 0
 
 
 def _recorded_groups(monkeypatch, what):
@@ -318,10 +348,11 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch):
     import torch_rtindex.chunked.executor as executor_module
 
     keys = torch.cat([int64_keys("duplicates", 2500, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, hot_keys=8)
     assert index.num_chunks > 5
     index.read_in_place = True
     _fixed_rates(index, monkeypatch, cpu=1e8, copy=1.0, gpu=1e8, in_place=1e8)  # both serve
+    held = _tier_of_one_key(index, keys)
     first = torch.tensor([c["lo"] for c in index.chunk_info()[1:]], dtype=torch.int64) ^ I64_MIN
     seen = []
     merge = executor_module.merge
@@ -331,14 +362,15 @@ def test_sorted_batch_queues_are_runs(device, gen, monkeypatch):
     for n in (0, 1, 700):
         q = torch.cat([point_queries(keys, n, gen), first[: n // 100], first[: n // 100] - 1,
                        torch.tensor([I64_MIN, I64_MAX] if n else [], dtype=torch.int64)])
+        q = _misses_of_the_tier(q, held, device)
         lo = _key_ordered(index, q, device)
         seen.clear()
-        _serve_key_ordered(index, lo, ref)
+        _lookup_key_ordered(index, q, ref)
         (queues,) = seen
         assert sum(x.numel() for _, x in queues) == lo.numel()
         chunk_ids = chunk_of(index, lo)
         for chunk, x in queues:
-            assert bool((chunk_ids[x] == index._store.chunks.index(chunk)).all())  # each queue its chunk's keys only
+            assert bool((chunk_ids[x] == chunk_number(index, chunk)).all())  # each queue its chunk's keys only
             assert torch.equal(x, torch.arange(int(x[0]), int(x[0]) + x.numel()))  # a run, in key order
     s = index.stats()
     assert s["queries_cpu"] > 0 and s["queries_in_place"] > 0
@@ -365,10 +397,11 @@ def test_hot_tier_warm_learning_and_pauses(gen):
     # uniform distinct keys: nothing is worth a tier; learning pauses instead of paying every batch
     index.hot_tier, index.hot_learn = True, True
     index.clear_hot()
+    assert index.hot_tier_keys.numel() == 0 and index.stats()["hot_pairs"] == index.stats()["hot_row_map"] == 0
     for i in range(3):
         got = index.lookup(keys[i * 300 : (i + 1) * 300])
         assert got.first_row.tolist() == list(range(i * 300, (i + 1) * 300))
-    assert index._hot.skip > 0 and index.stats()["hot_keys"] == 0
+    assert index.stats()["hot_paused"] > 0 and index.stats()["hot_keys"] == 0
     with pytest.raises(ValueError, match="no hot tier"):
         chunked(keys, "cpu", gpu_budget=1 << 20, hot_keys=0).warm(keys[:3])
     with pytest.raises(ValueError, match="hot_keys=60000 takes"):
@@ -428,7 +461,7 @@ def test_hot_tier_with_a_row_map_and_a_base(gen):
     plain = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=0)
     tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
     q = torch.tensor([5, 10, 200, 250, 299, 0, 77, 1000])
-    assert tiered.warm(q) == 7 and not tiered._hot.tier["direct"] and tiered._hot.tier["base"] >= 1000
+    assert tiered.warm(q) == 7 and tiered.stats()["hot_row_map"] > 0 and tiered.stats()["hot_row_base"] >= 1000
     _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(plain.lookup(q)) + list(plain.lookup_all(q)))
     assert tiered.stats()["last_batch"]["hot_hits"] == 7
 
@@ -439,10 +472,12 @@ def test_hot_tier_aggregates_rows_shared_by_pairs():
     for hot in (0, 50):
         index = ChunkedIndex(torch.arange(2000), device="cpu", chunk_bytes=1024, gpu_budget=1 << 16, hot_keys=hot)
         index.update(insert_keys=torch.full((10,), 5000), insert_rows=torch.full((10,), 1999))
-        last = index._store.chunks[-1]
-        assert last.base > 0 and last.n > 2000 - last.base and last.rows_in_place()  # more pairs than values
+        last = index.chunk_info()[-1]
+        # more pairs than values
+        assert last["row_base"] > 0 and last["n"] > 2000 - last["row_base"] and last["row_map"] == 0
         if hot:
-            assert index.warm(torch.tensor([5000])) == 1 and index._hot.tier["direct"] and index._hot.tier["base"] == 1999
+            assert index.warm(torch.tensor([5000])) == 1
+            assert index.stats()["hot_row_map"] == 0 and index.stats()["hot_row_base"] == 1999
         got = index.aggregate(torch.tensor([5000, 3, 1999, 9999]), torch.arange(2000))
         assert got.count.tolist() == [10, 1, 1, 0] and got.sum.tolist() == [19990, 3, 1999, 0]
 
@@ -453,13 +488,13 @@ def test_hot_tier_stays_within_its_reservation_when_rows_pass_2_32(gen):
     keys = torch.randint(0, 20000, (40000,), generator=gen, dtype=torch.int64)
     cap = 2000
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
-    reserved = cap * index._hot.pair_bytes()
+    reserved = cap * index.hot_pair_bytes
     hot = keys.unique()[:3000]
     index.warm(hot, learn=True)  # a learning tier: its pairs' share of the reservation
-    assert index._hot.tier["direct"] and index.memory()["hot"] <= reserved
+    assert index.stats()["hot_row_map"] == 0 and index.memory()["hot"] <= reserved
     index.update(insert_keys=hot[:1], insert_rows=torch.tensor([2**40]))
     got = index.lookup(hot[:100])  # rebuilds the tier over the new chunks
-    assert not index._hot.tier["direct"] and index.stats()["hot_pairs"] < cap
+    assert index.stats()["hot_row_map"] > 0 and index.stats()["hot_pairs"] < cap
     assert index.memory()["hot"] <= reserved
     index.hot_tier = False
     want = index.lookup(hot[:100])
@@ -474,7 +509,7 @@ def test_an_update_rebuilds_the_tier_over_its_keys_in_priority_order():
     index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
     got = index.lookup(torch.tensor([900, 800, 700, 1]))  # rebuilds the tier: room for 2 pairs now
     assert got.first_row.tolist() == [900, 800, 700, 1]
-    assert index.stats()["last_batch"]["hot_hits"] == 2 and index._hot.keys().tolist() == [900, 800]
+    assert index.stats()["last_batch"]["hot_hits"] == 2 and index.hot_tier_keys.tolist() == [900, 800]
 
 
 def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
@@ -484,9 +519,9 @@ def test_a_given_tier_holds_the_learning_candidates_share_too(gen):
     keys = torch.randint(-2**63, 2**63 - 1, (20000,), generator=gen)
     cap = 1000
     index = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 14, gpu_budget=1 << 20, hot_keys=cap)
-    reserved = cap * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
+    reserved = cap * (HOT_CANDIDATE_BYTES + index.hot_pair_bytes)
     given = index.hot_capacity_given
-    assert given == reserved // index._hot.pair_bytes() > cap
+    assert given == reserved // index.hot_pair_bytes > cap
     prio = keys[torch.randperm(keys.numel(), generator=gen)][: 3 * cap]
     assert index.warm(prio) == given and index.memory()["hot"] <= reserved
     q = torch.cat([prio[:given], prio[given : given + 50]])
@@ -509,14 +544,14 @@ def test_a_given_tier_rebuilt_by_an_update_keeps_its_first_keys():
     reservation."""
     index = ChunkedIndex(torch.arange(1000), device="cpu", chunk_bytes=2048, gpu_budget=1 << 16, hot_keys=4,
                          layout="packed_row")
-    reserved = 4 * (HOT_CANDIDATE_BYTES + index._hot.pair_bytes())
+    reserved = 4 * (HOT_CANDIDATE_BYTES + index.hot_pair_bytes)
     prio = torch.tensor([900, 800, 700, 600, 500, 400, 1])
     assert index.hot_capacity_given == 7 and index.warm(prio) == 7
     index.update(insert_keys=torch.tensor([5]), insert_rows=torch.tensor([2**40]))
     got = index.lookup(prio)  # rebuilds the tier: room for reserved // (pair + row map) pairs now
     assert got.first_row.tolist() == prio.tolist()
-    room = reserved // index._hot.pair_bytes()
-    assert index._hot.keys().tolist() == prio[:room].tolist()
+    room = reserved // index.hot_pair_bytes
+    assert index.hot_tier_keys.tolist() == prio[:room].tolist()
     assert index.stats()["last_batch"]["hot_hits"] == room and index.memory()["hot"] <= reserved
 
 
@@ -571,7 +606,7 @@ def test_hot_tier_samples_the_whole_batch(gen):
     batch = torch.cat([cold, hot.repeat(100)])  # 3000 queries: the hot keys only in the last third
     index.lookup(batch)
     assert index.stats()["hot_keys"] > 0
-    assert bool(torch.isin(hot, index._hot.keys()).all())  # int64 keys: the tier keeps them as they are
+    assert bool(torch.isin(hot, index.hot_tier_keys).all())
 
 
 def test_per_batch_stats_equal_what_moved(gen):
@@ -618,8 +653,8 @@ def test_out_of_memory_making_the_cache_slab_keeps_the_index_usable(gen, monkeyp
     monkeypatch.setattr(Arena, "storage", no_memory)
     with pytest.raises(torch.OutOfMemoryError, match="injected"):
         index.lookup(keys[:500])
-    arena = index._cache.arena
-    assert arena.buf is None and arena.free == [(0, arena.budget)] and not index._cache.entries
+    # nothing allocated, nothing cached (the cache's own test checks that the slot went back)
+    assert index.memory()["cache"] == 0 and index.stats()["resident_chunks"] == 0
     monkeypatch.setattr(Arena, "storage", plain)
     check_lookup(index.lookup(keys[:500]), *Reference(keys, "int64").points(keys[:500])[:2])
 
@@ -629,7 +664,7 @@ def _fixed_rates(index, monkeypatch, **rates):
     index._cost.rate.update(rates)
     index._cost.fixed_s = dict.fromkeys(index._cost.fixed_s, 0.0)
     index._cost.measured = dict.fromkeys(index._cost.measured, "points")
-    monkeypatch.setattr(index._executor, "learn_rates", lambda batch: None)
+    monkeypatch.setattr(Executor, "learn_rates", lambda self, batch: None)
 
 
 @pytest.mark.parametrize("updatable", [False, True])
@@ -654,13 +689,14 @@ def test_queues_read_in_place_match_the_reference(gen, monkeypatch, updatable):
 def test_in_place_rate_is_calibrated_then_learned(gen):
     keys = int64_keys("uniform", 4000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
+    assert index.stats()["rates_measured"] == {"cpu": None, "copy": None, "gpu": None, "in_place": None}  # guesses
     index.read_in_place = True
     q = keys[torch.randint(0, keys.numel(), (20000,), generator=gen)]  # queues of over 256: calibrated
     ref = CgRXIndex(keys).lookup(q)
     for _ in range(3):
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._cost.measured["in_place"] and index.rates().in_place > 0
+    assert index.stats()["rates_measured"]["in_place"] and index.rates().in_place > 0
     assert index.stats()["in_place_rate"] is not None
     index.processors = "gpu"  # GPU-only serving copies chunks in: the baseline in-place reads are measured against
     assert index.rates().in_place == 0
@@ -673,18 +709,18 @@ def test_point_lookups_calibrate_after_a_warm_tier(gen):
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=2000)
     index.read_in_place = True
     index.warm(keys[:2000])
-    assert index._cost.measured["cpu"] == "other" and index._cost.measured["in_place"] == "other"
+    assert index.stats()["rates_measured"]["cpu"] == index.stats()["rates_measured"]["in_place"] == "other"
     q = keys[torch.randint(0, keys.numel(), (40000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     got = index.lookup(q)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._cost.measured["cpu"] == "points" and index._cost.measured["in_place"] == "points"
+    assert index.stats()["rates_measured"]["cpu"] == index.stats()["rates_measured"]["in_place"] == "points"
     rates = index.rates()
     index.lookup_all(q)
     assert (index.rates().cpu, index.rates().in_place) == (rates.cpu, rates.in_place)
 
 
-def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
+def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen, monkeypatch):
     """A rate so low that no plan uses its way is never measured by the batches: after RATE_STALE point batches
     without a measurement, a point batch with a queue big enough to time lookups rather than a call calibrates it
     again."""
@@ -695,18 +731,23 @@ def test_a_rate_that_priced_its_way_out_is_calibrated_again(gen):
     q = keys[torch.randint(0, keys.numel(), (4000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     index.lookup(q)
-    assert index._cost.measured["in_place"] == "points"
+    assert index.stats()["rates_measured"]["in_place"] == "points"
     index._cost.rate["in_place"] = 1.0  # one lookup a second: never worth a plan
     for i in range(RATE_STALE - 1):  # the batch above counts as one: its calibration came before its count
         got = index.lookup(q)
         assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-        assert index.stats()["last_batch"]["queries_in_place"] == 0 and index._cost.rate["in_place"] == 1.0, i
+        assert index.stats()["last_batch"]["queries_in_place"] == 0 and index.rates().in_place == 1.0, i
     index.lookup(q)  # stale, but its queues (about 800) are too small to replace a point batch's rate
-    assert index._cost.rate["in_place"] == 1.0
+    assert index.rates().in_place == 1.0
     big = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]  # queues of about 24 k
+    ways, calibrate_way = [], Calibrator.calibrate_way
+    monkeypatch.setattr(Calibrator, "calibrate_way", lambda self, name, *a: (
+        ways.append(name), calibrate_way(self, name, *a))[1])
     got, ref = index.lookup(big), CgRXIndex(keys).lookup(big)
     assert torch.equal(got.first_row, ref.first_row) and torch.equal(got.count, ref.count)
-    assert index._cost.rate["in_place"] > 1.0 and index._cost.age["in_place"] <= 1
+    assert "in_place" in ways and index.rates().in_place > 1.0  # calibrated by this batch, on its point lookups
+    last = [c for c in index.stats()["calibrations"] if c["way"] == "in_place"][-1]
+    assert last["points"] and last["set"]
 
 
 def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
@@ -722,7 +763,7 @@ def test_a_calibration_gone_wrong_is_mended_after_rate_stale_batches(gen):
     # which would hand the stand-in the whole first batch: a pessimistic guess keeps the CPU in the plan.
     index._cost.rate["gpu"] = 1e5
     index.lookup(q)
-    assert index._cost.measured["cpu"] == "points" and index.stats()["last_batch"]["queries_cpu"] > 0
+    assert index.stats()["rates_measured"]["cpu"] == "points" and index.stats()["last_batch"]["queries_cpu"] > 0
     index._cost.rate["cpu"] /= 1e4  # as if the calibration had been timed on a busy host
     for i in range(RATE_STALE + 1):  # the last one calibrates
         got = index.lookup(q)
@@ -739,11 +780,12 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
     index = chunked(keys, "cpu", chunk_bytes=1 << 19, gpu_budget=1 << 21, hot_keys=0)
     index.read_in_place = True
     seen, way = {}, []
-    calibrator = index._executor.calibrator
-    calibrate_way, timed = calibrator.calibrate_way, calibrator.timed
-    monkeypatch.setattr(calibrator, "calibrate_way", lambda name, *a: (way.append(name), calibrate_way(name, *a))[1])
-    monkeypatch.setattr(calibrator, "timed", lambda view, batch, S, t, slices: (
-        seen.setdefault(way[-1], []).extend((t.size, a, n) for a, n in slices), timed(view, batch, S, t, slices))[1])
+    calibrate_way, timed = Calibrator.calibrate_way, Calibrator.timed
+    monkeypatch.setattr(Calibrator, "calibrate_way", lambda self, name, *a: (
+        way.append(name), calibrate_way(self, name, *a))[1])
+    monkeypatch.setattr(Calibrator, "timed", lambda self, view, batch, S, t, slices: (
+        seen.setdefault(way[-1], []).extend((t.size, a, n) for a, n in slices),
+        timed(self, view, batch, S, t, slices))[1])
     q = keys[torch.randint(0, keys.numel(), (120000,), generator=gen)]
     ref = CgRXIndex(keys).lookup(q)
     got = index.lookup(q)
@@ -766,19 +808,18 @@ def test_calibrations_time_queries_their_warm_up_did_not_read(gen, monkeypatch):
 
 def _timed_at(rate):
     """A stand-in for Calibrator.timed: every slice timed by a fixed law (10 us plus its lookups at ``rate``)."""
-    return lambda view, batch, S, t, slices: [(n, 1e-5 + n / rate) for _, n in slices]
+    return lambda self, view, batch, S, t, slices: [(n, 1e-5 + n / rate) for _, n in slices]
 
 
-def _hot_chunk_and_calibrations(gen):
+def _hot_chunk_and_calibrations(gen, monkeypatch):
     """(keys, a CPU index of small chunks, 50 keys of one chunk, the names of the rates each calibration sets)."""
     keys = torch.unique(torch.randint(-2**62, 2**62, (200000,), generator=gen))
     index = chunked(keys, "cpu", chunk_bytes=1 << 16, gpu_budget=1 << 18, hot_keys=0)
     hot = keys[1000:1050]
     assert chunk_of(index, hot ^ TOP).unique().numel() == 1
-    calibrations = []
-    learn = index._cost.learn
-    index._cost.learn = lambda name, samples, points, reset=False: (
-        calibrations.append(name) if reset else None, learn(name, samples, points, reset))[1]
+    calibrations, learn = [], CostModel.learn
+    monkeypatch.setattr(CostModel, "learn", lambda self, name, samples, points, reset=False: (
+        calibrations.append(name) if reset else None, learn(self, name, samples, points, reset))[1])
     return keys, index, hot, calibrations
 
 
@@ -788,9 +829,9 @@ def test_a_stale_rate_is_calibrated_after_its_wait_not_every_batch(gen, monkeypa
     again, its fit thrown away, on every batch. Calibrations here time a fixed law (a shared 2-core host's timings
     vary 70x); the batches are real."""
     from torch_rtindex.chunked.cost import RATE_STALE
-    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
+    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen, monkeypatch)
     index.read_in_place = True
-    monkeypatch.setattr(index._executor.calibrator, "timed", _timed_at(2e7))
+    monkeypatch.setattr(Calibrator, "timed", _timed_at(2e7))
 
     def batch():
         return torch.cat([hot[torch.randint(0, hot.numel(), (17000,), generator=gen)],
@@ -816,7 +857,7 @@ def test_a_stale_cache_rate_is_calibrated_again(gen, monkeypatch):
     batch measures it again. After RATE_STALE point batches a point batch with a big queue of a cached chunk
     calibrates it (once), and the cache serves again."""
     from torch_rtindex.chunked.cost import RATE_STALE
-    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen)
+    keys, index, hot, calibrations = _hot_chunk_and_calibrations(gen, monkeypatch)
 
     def batch():  # a big queue for the hot (cached) chunk
         return torch.cat([hot[torch.randint(0, hot.numel(), (40000,), generator=gen)],
@@ -826,19 +867,19 @@ def test_a_stale_cache_rate_is_calibrated_again(gen, monkeypatch):
     index.lookup(hot[torch.randint(0, hot.numel(), (40000,), generator=gen)])
     index.processors = "auto"
     index.lookup(batch())
-    assert index._cost.measured["gpu"] == "points"
+    assert index.stats()["rates_measured"]["gpu"] == "points"
     index._cost.rate["gpu"] = 1.0  # one lookup a second: the plan gives the cache nothing
     ref = CgRXIndex(keys)
     calibrations.clear()
     # The calibration times a fixed law: the cache at 1e9 lookups/s (on this CPU index its reads are the CPU's own).
-    monkeypatch.setattr(index._executor.calibrator, "timed", _timed_at(1e9))
+    monkeypatch.setattr(Calibrator, "timed", _timed_at(1e9))
     for i in range(RATE_STALE + 2):
         q = batch()
-        priced_out = index._cost.rate["gpu"] == 1.0
+        priced_out = index.rates().gpu == 1.0
         got, want = index.lookup(q), ref.lookup(q)
         assert torch.equal(got.first_row, want.first_row) and torch.equal(got.count, want.count)
         served = index.stats()["last_batch"]["queries_gpu"]
-        if priced_out and index._cost.rate["gpu"] == 1.0:
+        if priced_out and index.rates().gpu == 1.0:
             assert served == 0, i
         elif priced_out:  # this batch calibrated the cache's rate, then planned with it
             assert i <= RATE_STALE and served > 0
@@ -901,25 +942,28 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
     the cached chunks as hits and only the other queues' queries as read in place."""
     calls = _recorded_groups(monkeypatch, lambda tasks, S: sorted(t.resident for t in tasks))
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)  # the GPU serves; no copies
+    held = _tier_of_one_key(index, keys)
     samples = []
-    monkeypatch.setattr(index._executor, "learn_rates", lambda batch: samples.append(batch.in_place_lookups))
-    cached = {c for c in index._store.chunks if c in index._cache}
+    monkeypatch.setattr(Executor, "learn_rates", lambda self, batch: samples.append(batch.in_place_lookups))
+    cached = {i for i, c in enumerate(index.chunk_info()) if c["cached"]}
     assert 0 < len(cached) < index.num_chunks
     ref = Reference(keys, "int64")
     for n in (1, 700):
         q = torch.cat([point_queries(keys, n, gen), torch.tensor([I64_MIN, I64_MAX] * (n > 1), dtype=torch.int64)])
+        q = _misses_of_the_tier(q, held, device)
         lo = _key_ordered(index, q, device)
         ids = chunk_of(index, lo)
-        in_cached = sum(int((ids == index._store.chunks.index(c)).sum()) for c in cached)
-        hit_chunks = sum(int((ids == index._store.chunks.index(c)).any()) for c in cached)
+        in_cached = sum(int((ids == c).sum()) for c in cached)
+        hit_chunks = sum(int((ids == c).any()) for c in cached)
         calls.clear()
         samples.clear()
         index.reset_stats()
-        _serve_key_ordered(index, lo, ref)
+        _lookup_key_ordered(index, q, ref)
         s = index.stats()
         assert s["queries_gpu"] == lo.numel() and s["queries_in_place"] == lo.numel() - in_cached
         # the in-place rate's samples: the one launch's in-place queries, and their share of its time by the planned
@@ -928,7 +972,7 @@ def test_cached_queues_join_the_in_place_launch(device, gen, monkeypatch):
             ((_, _, m, share),) = samples[0]
             assert m == lo.numel() - in_cached and share == pytest.approx(m / lo.numel())
         assert s["chunk_hits"] == hit_chunks and s["chunk_misses"] == 0
-        queues = hit_chunks + len(set(ids.tolist()) - {index._store.chunks.index(c) for c in cached})
+        queues = hit_chunks + len(set(ids.tolist()) - cached)
         if n > 1:
             assert hit_chunks > 0 and queues > hit_chunks + 1
             assert calls == [[False] * (queues - hit_chunks) + [True] * hit_chunks]  # one launch for every queue
@@ -941,14 +985,16 @@ def test_cached_queues_join_no_launch_without_in_place_reads(device, gen, monkey
     queue: cached queues join only a launch that reads some queue in place."""
     calls = _recorded_groups(monkeypatch, lambda tasks, S: len(tasks))
     keys = int64_keys("uniform", 3000, gen)
-    index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=1 << 20, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys.to(device))  # every chunk cached
-    assert all(c in index._cache for c in index._store.chunks)
+    assert all(c["cached"] for c in index.chunk_info())
     index.processors, index.read_in_place = "auto", False
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1e12, gpu=1e9, in_place=1e9)
-    lo = _key_ordered(index, point_queries(keys, 500, gen), device)
+    q = _misses_of_the_tier(point_queries(keys, 500, gen), _tier_of_one_key(index, keys), device)
+    lo = _key_ordered(index, q, device)
     index.reset_stats()
-    _serve_key_ordered(index, lo, Reference(keys, "int64"))
+    _lookup_key_ordered(index, q, Reference(keys, "int64"))
     s = index.stats()
     assert calls == [] and s["chunk_hits"] > 1 and s["queries_in_place"] == 0 and s["queries_gpu"] == lo.numel()
 
@@ -959,26 +1005,29 @@ def test_cached_queue_evicted_by_an_in_place_view_is_read_in_place(device, gen, 
     slot. Forced here on both devices: every cached chunk evicted and its slot overwritten as a view is made; the
     answers stay the reference's and no evicted chunk counts as a hit."""
     keys = torch.cat([int64_keys("duplicates", 3000, gen), torch.tensor([I64_MIN, I64_MAX, 0, -1])])
-    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=0)
+    index = chunked(keys.to(device), device, gpu_budget=DUP_BUDGET, processors="gpu", hot_keys=8)
+    index.hot_learn = False
     index.lookup(keys[:1500].to(device))  # fills the cache
     index.processors, index.read_in_place = "auto", True
     _fixed_rates(index, monkeypatch, cpu=1e3, copy=1.0, gpu=1e9, in_place=1e9)
-    cache, plain, evicted = index._cache, index._store.in_place_view, []
+    held = _tier_of_one_key(index, keys)
+    plain, evicted = ChunkStore.in_place_view, []
 
-    def evicting(chunk):
+    def evicting(store, chunk):  # the store's cache is the index's
         if device == "cuda":
             torch.cuda.synchronize()  # the earlier lookups are done with the slots overwritten here
-        for c, e in list(cache.entries.items()):
+        for c, e in list(store.cache.entries.items()):
             e.arena.storage()[e.off : e.off + align(c.nbytes)].fill_(0xFF)
-            cache.evict(c)
+            store.cache.evict(c)
             evicted.append(c)
-        return plain(chunk)
+        return plain(store, chunk)
 
-    monkeypatch.setattr(index._store, "in_place_view", evicting)
-    q = torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])])
+    monkeypatch.setattr(ChunkStore, "in_place_view", evicting)
+    q = _misses_of_the_tier(torch.cat([point_queries(keys, 700, gen), torch.tensor([I64_MIN, I64_MAX])]),
+                            held, device)
     lo = _key_ordered(index, q, device)
     index.reset_stats()
-    _serve_key_ordered(index, lo, Reference(keys, "int64"))
+    _lookup_key_ordered(index, q, Reference(keys, "int64"))
     s = index.stats()
     assert evicted and s["chunk_hits"] == 0 and s["queries_in_place"] == lo.numel()
 
@@ -1049,11 +1098,9 @@ class Multiset:
 
 
 def pairs_of(index):
-    out = Counter()
-    for c in index._store.chunks:
-        k, r = index._store.decode(c)
-        out.update(zip(k.tolist(), r.tolist()))
-    return Counter({(_signed(k), r): n for (k, r), n in out.items()})
+    """The index's (key, row ID) pairs as a multiset, from its state (ordered keys)."""
+    state = index.state_dict()
+    return Counter((_signed(k), r) for k, r in zip(state["keys"].tolist(), state["rows"].tolist()))
 
 
 def _signed(ordered: int) -> int:
@@ -1365,10 +1412,10 @@ while time.time() < deadline:
             continue
         raise
     assert len(index) in states and states[len(index)] == count and rows == len(index), (len(index), count, rows)
-    seen.add(index._store.chunks[0].file["path"])
+    seen.add(len(index))
     if done:
         break
-print("generations seen", len(seen))
+print("states seen", sorted(seen))
 assert seen
 """
 
@@ -1418,10 +1465,10 @@ def test_row_ids_past_2_31_and_2_32():
     """A chunk's row map holds unsigned 32-bit offsets when its rows span < 2^32, int64 beyond."""
     index = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
     index.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
-    assert index._store.chunks[0].specs[-1][1] == "int32"
+    assert index.chunk_info()[0]["row_map"] == 0  # rows spanning < 2^32: offsets from the chunk's base
     assert index.lookup_all(torch.tensor([5, 6])).rows.tolist() == [0, 3_000_000_000, 1, 2**31]
     index.insert(torch.tensor([7]), rows=torch.tensor([2**40]))
-    assert index._store.chunks[0].specs[-1][1] == "int64"
+    assert index.chunk_info()[0]["row_map"] == 6  # past it: an int64 row map
     assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 2**31, 2, 2**40]
     values = torch.zeros(2**20, dtype=torch.int64)
     with pytest.raises(ValueError, match="at least"):
@@ -1496,7 +1543,7 @@ def test_in_place_reads_keep_the_search_part_on_the_gpu(gen, updatable):
     assert torch.equal(got.count.cpu(), want.count)
     hit = want.count > 0
     assert torch.equal(got.first_row.cpu()[hit], rows[want.first_row[hit]])
-    largest = max(align(c.nbytes) for c in index._store.chunks)
+    largest = max(align(c["bytes"]) for c in index.chunk_info())
     tight = chunked(keys, "cuda", gpu_budget=2 * largest + 64, processors="zero_copy", hot_keys=0)
     assert tight.stats()["search_budget"] == 0  # less the search parts, the budget holds fewer than two chunks
     assert chunked(keys, "cuda", gpu_budget=64 * SMALL, processors="gpu", hot_keys=0).stats()["search_budget"] == 0
@@ -1527,7 +1574,7 @@ def test_search_parts_take_the_shared_slab_back_from_chunks(gen):
     their slots back."""
     keys = int64_keys("uniform", 4000, gen)
     probe = chunked(keys, "cpu", hot_keys=0)
-    largest = max(align(c.nbytes) for c in probe._store.chunks)
+    largest = max(align(c["bytes"]) for c in probe.chunk_info())
     search = int(sum(search_bytes(c.specs) for c in probe._store.chunks) * SEARCH_SLACK)
     index = chunked(keys, "cuda", gpu_budget=3 * largest + search, hot_keys=0)
     cache = index._cache
@@ -1566,7 +1613,10 @@ def test_chunk_views_are_cold_and_a_plain_index_is_not(gen):
     size (the config's cold bit); an index of its own, and the hot tier, do not. The answers are the same."""
     keys = int64_keys("uniform", 3000, gen)
     index = chunked(keys, "cpu", hot_keys=0)
-    view = index._store.host_view(index._store.chunks[0])
+    config = ChunkedConfig(chunk_bytes=SMALL, gpu_budget=0, device="cpu", layout="packed_row").resolved()
+    store = ChunkStore(config, "int64", torch.int64, False, Stats())  # the chunk store on its own, as the index's
+    store.set(Builder(config, "int64", pin=False).build(keys))
+    view = store.host_view(store.chunks[0])
     plain = CgRXIndex(keys)
     assert view.index._cold and not plain._cold
     assert index.lookup(keys[:5]).count.tolist() == [1] * 5
@@ -1694,15 +1744,15 @@ def test_updatable_rows_beyond_a_chunks_32_bit_window_rebuild_it():
     twin = chunked(torch.tensor([5, 6, 7]), "cpu", gpu_budget=0)
     for ix in (index, twin):
         ix.insert(torch.tensor([5, 6]), rows=torch.tensor([3_000_000_000, 2**31]))
-    assert index.stats()["chunks_updated_in_place"] == 1 and index._store.chunks[0].specs[-1][2] == 0  # no row map
+    assert index.stats()["chunks_updated_in_place"] == 1 and index.chunk_info()[0]["row_map"] == 0  # no row map
     for ix in (index, twin):
         ix.insert(torch.tensor([7, 6]), rows=torch.tensor([2**40, 1]))
-    assert index.stats()["chunks_rebuilt"] == 1 and index._store.chunks[0].specs[-1][2] == 7  # an int64 row map
+    assert index.stats()["chunks_rebuilt"] == 1 and index.chunk_info()[0]["row_map"] == 7  # an int64 row map
     assert index.range(torch.tensor([5]), torch.tensor([7])).rows.tolist() == [0, 3_000_000_000, 1, 1, 2**31, 2, 2**40]
     for ix in (index, twin):
         ix.update(insert_keys=torch.tensor([6]), insert_rows=torch.tensor([4]), delete_keys=torch.tensor([7]),
                   delete_rows=torch.tensor([2**40]))
-    assert index.stats()["chunks_rebuilt"] == 2 and index._store.chunks[0].specs[-1][2] == 0  # back in the window
+    assert index.stats()["chunks_rebuilt"] == 2 and index.chunk_info()[0]["row_map"] == 0  # back in the window
     same_answers(index, twin, [5, 6, 7, 4, 8, 5], "cpu", values=False)
 
 
@@ -1731,7 +1781,7 @@ def test_updatable_slack_overflow_falls_back_and_growth_splits():
     keys = torch.arange(0, 30000, 10)
     index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20, node_size=4, growth=1.0)
     twin = chunked(keys, "cpu", gpu_budget=1 << 20)
-    n0, T = index.num_chunks, index._builder.chunk_keys(len(index))
+    n0, T = index.num_chunks, Builder(index.config, index.key_type, pin=False).chunk_keys(len(index))
     c = index.num_chunks // 2
     lo = index.chunk_info()[c]["lo"] ^ -(2**63)
     # growth 1.0 leaves a node or so of slack: a batch that splits nodes needs more, and the chunk is rebuilt
@@ -1779,18 +1829,18 @@ def test_update_touching_few_chunks_changes_only_those_in_place(gen):
     index = chunked(keys, "cpu", updatable=True, gpu_budget=1 << 20)
     index.processors = "gpu"
     index.lookup(keys)  # every chunk loaded and cached
-    before = {id(c): (c.host.data_ptr(), c.host.clone()) for c in index._store.chunks}
-    target = index._store.chunks[2]
+    # the chunks' host blobs, which no public view shows: an update in place changes its chunk's blob itself
+    before = [(c, c.host.data_ptr(), c.host.clone()) for c in index._store.chunks]
     k = torch.tensor([index.chunk_info()[2]["lo"] ^ -(2**63)])
     res = index.update(insert_keys=k, delete_keys=keys[:0])
     assert res.inserted == 1
     s = index.stats()
     assert (s["chunks_updated_in_place"], s["chunks_rebuilt"]) == (1, 0)
-    assert index._store.chunks[2] is target and target.host.data_ptr() == before[id(target)][0]  # the same blob, changed
-    assert not torch.equal(target.host, before[id(target)][1]) and target not in index._cache
-    for c in index._store.chunks:
-        if c is not target:
-            assert id(c) in before and torch.equal(c.host, before[id(c)][1]) and c in index._cache
+    after, info = index._store.chunks, index.chunk_info()
+    assert len(after) == len(before)
+    for i, ((c, ptr, blob), now) in enumerate(zip(before, after)):
+        assert now is c and c.host.data_ptr() == ptr, i  # the same chunks and blobs
+        assert torch.equal(c.host, blob) == (i != 2) and info[i]["cached"] == (i != 2), i  # chunk 2 alone changed
     assert index.lookup_all(k).rows.tolist()[-1] == keys.numel()
 
 
@@ -1948,12 +1998,15 @@ def test_updatable_every_form_and_key_type(device, gen, key_type, kind):
 def test_updatable_oversized_chunks_rebuild_only_when_a_rebuild_can_split_them():
     index = chunked(torch.arange(2000), "cpu", updatable=True, gpu_budget=1 << 20, growth=4.0)
     twin = chunked(torch.arange(2000), "cpu", gpu_budget=1 << 20)
-    T = index._builder.chunk_keys(len(index))
+    T = Builder(index.config, index.key_type, pin=False).chunk_keys(len(index))
     for ix in (index, twin):
         ix.insert(torch.full((3 * T,), 0))  # the first chunk grows past 2T: rebuilt, its run of 0s cut out
     assert index.stats()["chunks_rebuilt"] == 1
-    run = next(c for c in index._store.chunks if c.n > 2 * T)
-    assert run.kmin == run.kmax  # a chunk of 0s alone
+    info, zero = index.chunk_info(), torch.tensor([0])
+    (at,) = [i for i, c in enumerate(info) if c["n"] > 2 * T]
+    # a chunk of 0s alone: the chunk of key 0 holds as many keys as there are 0s
+    assert chunk_of(index, torch.ops.rtindex.map_keys(zero, 0)).item() == at
+    assert info[at]["n"] == 3 * T + 1 == int(index.range_count(zero, zero))
     for ix in (index, twin):
         ix.insert(torch.full((5,), 0))  # a run of one key: no rebuild could cut it, so in place
         ix.delete(torch.full((3,), 0), rows=torch.tensor([2000, 2001, 0]))  # shrinking: in place
@@ -1994,7 +2047,7 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     rows = torch.where(ordered > ordered.median(), sr * 2**22 + 2**40, sr)
     sk = ordered ^ -(2**63)
     index = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 17)
-    maps = [dict((s[0], s[2]) for s in c.specs)["l2g"] for c in index._store.chunks]
+    maps = [c["row_map"] for c in index.chunk_info()]
     assert any(m == 0 for m in maps) and any(m > 0 for m in maps), maps  # both kinds of chunk
     by_key: dict[int, list[int]] = {}
     for k, r in zip(sk.tolist(), rows.tolist()):
@@ -2021,9 +2074,9 @@ def test_row_offsets_in_pairs_and_row_maps_answer_alike(gen, tmp_path):
     for prio, direct in ((low[:60], True), (torch.cat([low[:30], high[:30]]), False)):
         tiered = ChunkedIndex.from_state_dict({**state, "rows": rows}, device="cpu", gpu_budget=1 << 18, hot_keys=3000)
         held = tiered.warm(prio)  # the keys, in order, as far as their rows fit the tier
-        assert 20 < held <= prio.numel() and tiered._hot.tier["direct"] is direct
-        assert tiered._hot.tier["tensors"]["rows"].numel() == (0 if direct else tiered._hot.tier["pairs_n"])
-        tier_keys = tiered._hot.keys()
+        s = tiered.stats()
+        assert 20 < held <= prio.numel() and s["hot_row_map"] == (0 if direct else s["hot_pairs"]) and s["hot_pairs"]
+        tier_keys = tiered.hot_tier_keys
         assert tier_keys.numel() == held and bool(torch.isin(tier_keys, prio).all())
         _equal(list(tiered.lookup(q)) + list(tiered.lookup_all(q)), list(index.lookup(q)) + list(index.lookup_all(q)))
         hp = tier_keys[torch.randint(0, held, (300,), generator=gen)]

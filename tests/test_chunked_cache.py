@@ -84,3 +84,25 @@ def test_the_budget_is_split_between_the_hot_tier_the_cache_and_search_parts():
     with pytest.raises(ValueError, match="hot_keys=1000 takes 32000 bytes"):
         split_budget(32000, 4096, 1000, 32, 0)
 
+
+
+def test_out_of_memory_making_a_slab_gives_the_slot_back(monkeypatch):
+    """The slab is allocated on the first copy; out of memory there raises, allocates nothing, caches nothing and
+    gives the slot back, so the next copy (with memory) takes the whole slab again."""
+    from torch_rtindex.chunked.cache import Arena
+
+    cache = ChunkCache(4 * 256, torch.device("cpu"))
+    chunk, host = _cache_chunk(200), torch.arange(200, dtype=torch.uint8)
+    plain = Arena.storage
+
+    def no_memory(self):
+        raise torch.OutOfMemoryError("injected: no room for the slab")
+
+    monkeypatch.setattr(Arena, "storage", no_memory)
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        cache.copy_in(chunk, host, {}, lambda c, slot: slot)
+    arena = cache.arena
+    assert arena.buf is None and arena.free == [(0, arena.budget)] and not cache.entries and cache.allocated() == 0
+    monkeypatch.setattr(Arena, "storage", plain)
+    entry, evicted, _ = cache.copy_in(chunk, host, {}, lambda c, slot: slot)
+    assert evicted == 0 and chunk in cache and entry.off == 0 and torch.equal(entry.view, host)

@@ -129,53 +129,6 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
   return gas::build(std::move(vertices), triangles, /*allow_update=*/false);
 }
 
-// A warp's point lookups whose candidates are one line of aligned rows each (visit_matches' line path: unique
-// keys). The warp reads the lines together, four lanes a line and 16 bytes a lane, so one load instruction
-// reads eight whole lines: one L1 wavefront and one L2 request a line, where each lane reading its own line
-// issues four scattered 16-byte loads (a wavefront per lane and instruction, several L2 requests a line).
-// Every lane of the warp calls it (it shuffles); `line` says whether this lane's query takes this path, its
-// candidates being line `at` (pairs 4 at .. 4 at + 3). Returns whether the lane's key matched, with the
-// match's row in `row`.
-__device__ __forceinline__ bool warp_line_match(const Pairs& p, bool line, uint32_t at, uint64_t key, uint32_t& row) {
-  constexpr unsigned kAll = 0xFFFFFFFFu;
-  const unsigned lane = threadIdx.x & 31;
-  row = 0;
-  const unsigned lines = __ballot_sync(kAll, line);
-  if (lines == 0) return false;
-  // Round r reads the lines of lanes 8r .. 8r + 7: lane l reads pair l % 4 of lane 8r + l / 4's line. The loads
-  // are unconditional (a lane without a line reads the first pair: one line for them all) and all issued before
-  // any compare, so that the four rounds' lines are in flight together.
-  Quad v[4];
-  unsigned long long k[4];
-#pragma unroll
-  for (unsigned r = 0; r < 4; ++r) {
-    const unsigned src = 8 * r + (lane >> 2);
-    const uint32_t a = __shfl_sync(kAll, at, src);
-    k[r] = __shfl_sync(kAll, static_cast<unsigned long long>(key), src);
-    v[r] = load_streamed_quad(p.data + ((lines >> src) & 1u ? 16 * uint64_t(a) + 4 * (lane & 3) : 0));
-  }
-  bool match[4];
-  uint32_t rows[4];
-#pragma unroll
-  for (unsigned r = 0; r < 4; ++r) {
-    const unsigned src = 8 * r + (lane >> 2);
-    match[r] = ((lines >> src) & 1u) && (uint64_t(v[r].word[0]) | (uint64_t(v[r].word[1]) << 32)) == k[r];
-    rows[r] = p.spare_rows ? v[r].word[3] : v[r].word[2];
-  }
-  // Lane t's line was read in round t / 8 by lanes 4 (t % 8) .. 4 (t % 8) + 3; with unique keys one matched at most.
-  bool found = false;
-#pragma unroll
-  for (unsigned r = 0; r < 4; ++r) {
-    const unsigned mine = (__ballot_sync(kAll, match[r]) >> (4 * (lane & 7))) & 0xFu;
-    const uint32_t got = __shfl_sync(kAll, rows[r], 4 * (lane & 7) + (mine ? __ffs(static_cast<int>(mine)) - 1 : 0));
-    if ((lane >> 3) == r && mine != 0) {
-      found = true;
-      row = got;
-    }
-  }
-  return found;
-}
-
 // The radix-table and binary-search backends: one thread per query, grid-stride. The binary search is the
 // reference the other backends are checked against; node chains (the updatable index) also take this kernel.
 // Counts over sorted pairs (range_count, a CSR's first pass) come from the positions of each range's ends
@@ -199,48 +152,6 @@ __global__ void __launch_bounds__(kBlock) search_kernel(LaunchParams p) {
     else
       serve(q, find);
   }
-}
-
-// Point lookups (no `hi`) over the aligned rows of sorted pairs, not counted by positions (Launch::run picks it):
-// search_kernel's answers, with a warp's lines read together (warp_line_match) where the keys are unique, so the
-// loop runs warp-aligned: every lane of a warp takes as many turns as the others. Four lines in flight per lane
-// take more registers than ptxas keeps by default, where it spills instead: the bound lets it take more, for one
-// block fewer per SM.
-template <KeyType T>
-__global__ void __launch_bounds__(kBlock, 4) point_lines_kernel(LaunchParams p) {
-  // Lines are shuffled by a 32-bit index, which covers the pairs of any GPU's memory today.
-  const bool line_points = !p.storage.use_nodes && p.num_reps > 0 && (p.storage.pairs.n >> 34) == 0 &&
-                           RadixTable(p.table).unique_keys();
-  const auto find = [&](uint64_t k) { return reps_lower_bound(p.reps, p.num_reps, k); };
-  const auto serve_all = [&](auto&& finder) {
-    const uint64_t stride = uint64_t(gridDim.x) * blockDim.x;  // a multiple of the warp size (kBlock)
-    const uint64_t lane = threadIdx.x & 31;
-    for (uint64_t q = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; q - lane < p.num_queries; q += stride) {
-      const bool active = q < p.num_queries;
-      uint64_t lo = 0, hi = 0;
-      if (active) p.queries.range_as<T>(q, lo, hi);
-      uint64_t begin = 0, end = 0;
-      bool line = false;
-      if (active && line_points && lo == hi) {
-        pairs_candidates(p.storage.pairs, p.reps, p.num_reps, p.table, lo, finder, begin, end);
-        line = p.storage.pairs.is_line(begin, end) && (begin & 3) == 0;
-      }
-      uint32_t row;
-      const bool found = warp_line_match(p.storage.pairs, line, static_cast<uint32_t>(begin >> 2), lo, row);
-      if (!active) continue;
-      if (line) {
-        HitState s;
-        if (found) record_hit(p.results, s, row, q);
-        write_result(p.results, s, q);
-      } else {
-        answer_query(p, q, finder, [&](uint64_t, uint64_t& l, uint64_t& h) { l = lo, h = hi; });
-      }
-    }
-  };
-  if (static_cast<Backend>(p.backend) == Backend::Radix)
-    serve_all(RadixSearch{});
-  else
-    serve_all(find);
 }
 
 // cgrx_lookup_queues: the answers of many queues, each in its own index, in one launch. Thread i finds its
@@ -330,12 +241,8 @@ struct Launch {
         launch.attrs = &window;
         launch.numAttrs = 1;
       }
-      // Point lookups over aligned rows may read their lines a warp at a time (point_lines_kernel).
-      const bool point_lines = !positions && p.queries.hi == nullptr && !p.storage.use_nodes &&
-                               static_cast<Layout>(p.storage.pairs.layout) == Layout::AlignedRow;
       with_query_type(p.queries.key_type, [&](auto t) {
-        constexpr KeyType T = decltype(t)::value;
-        C10_CUDA_CHECK(cudaLaunchKernelEx(&launch, point_lines ? point_lines_kernel<T> : search_kernel<T>, k));
+        C10_CUDA_CHECK(cudaLaunchKernelEx(&launch, search_kernel<decltype(t)::value>, k));
       });
       return;
     }

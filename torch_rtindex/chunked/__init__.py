@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from .._base import VALUE_DTYPES, _ops, check_capacity
-from .._keys import KEY_TYPES, check_key_tensor, check_queries, resolve_key_type
+from .._keys import KEY_TYPES, check_key_tensor, check_queries, flip_sign, resolve_key_type
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from .build import Builder
 from .cache import ChunkCache, split_budget
@@ -266,6 +266,22 @@ class ChunkedIndex:
         """Keys (of one row ID each) a tier given by :meth:`warm` with ``learn=False`` holds: the reservation of
         ``hot_capacity`` keys less the learning candidates, which such a tier does not keep."""
         return self._hot.capacity_given()
+
+    @property
+    def hot_pair_bytes(self) -> int:
+        """The hot tier's bytes per (key, row ID) pair now: its cgRX pair, search part and, once row IDs reach
+        2^32, a row map entry. ``hot_keys`` is priced at these, plus a learning candidate's few bytes
+        (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier learns."""
+        return self._hot.pair_bytes()
+
+    @property
+    def hot_tier_keys(self) -> torch.Tensor:
+        """The keys the hot tier holds now, most important first, as keys of :attr:`key_dtype` on the CPU (empty
+        while there is no tier)."""
+        if self._hot.tier is None:
+            return torch.empty(0, dtype=self.key_dtype)
+        ordered = flip_sign(self._hot.keys().cpu())  # the tier keeps flipped ordered keys
+        return _ops().unmap_keys(ordered, KEY_TYPES[self.key_type], self.key_dtype)
 
     @property
     def capturable(self) -> bool:
@@ -597,8 +613,12 @@ class ChunkedIndex:
         hot tier, calibration, total, and the build), ``calibrations`` (the last few of a lookup way: the way,
         whether on point lookups, each slice's lookups and seconds, warm-up first, the rate and fixed seconds
         after it, and whether it changed them), the cache's and the hot tier's current contents
-        (``resident_chunks``, ``resident_bytes``, ``hot_keys``, ``hot_pairs``, ``search_budget``) and
-        ``last_batch``: the same counters and seconds for the last call alone."""
+        (``resident_chunks``, ``resident_bytes``, ``hot_keys``, ``hot_pairs``, ``search_budget``; the tier's
+        ``hot_row_map`` entries, 0 where its pairs hold row offsets from ``hot_row_base`` as a chunk's do),
+        ``hot_paused`` (point batches left that skip learning, after learning found nothing worth a tier),
+        ``rates_measured`` (per rate of :meth:`rates`: ``"points"`` measured on point lookups, ``"other"`` on other
+        forms only, ``None`` still a guess) and ``last_batch``: the same counters and seconds for the last call
+        alone."""
         s = self._stats.copy()
         cache = self._cache
         s["resident_chunks"] = 0 if cache is None else len(cache)
@@ -606,6 +626,11 @@ class ChunkedIndex:
         s["search_budget"] = 0 if cache is None else cache.search_budget
         s["gpu_budget"], s["chunks"] = self.gpu_budget, len(self._store)
         s["hot_keys"], s["hot_pairs"] = self._hot.n_keys, self._hot.n_pairs
+        tier = self._hot.tier
+        s["hot_row_base"] = 0 if tier is None else tier["base"]
+        s["hot_row_map"] = 0 if tier is None else tier["tensors"]["rows"].numel()
+        s["hot_paused"] = self._hot.skip
+        s["rates_measured"] = {k: v or None for k, v in self._cost.measured.items()}
         return s
 
     def memory(self) -> dict[str, int]:
@@ -624,8 +649,13 @@ class ChunkedIndex:
 
     def chunk_info(self) -> list[dict[str, Any]]:
         """Per chunk: keys, bytes, first ordered key of its range, whether it is loaded and cached, its kind
-        (``"pairs"`` or ``"nodes"``)."""
-        return self._store.info()
+        (``"pairs"`` or ``"nodes"``), and how it stores row IDs: ``row_map`` entries of an int64 row map, 0 where
+        its rows span under 2^32 and its pairs hold each row's offset from ``row_base``."""
+        info = self._store.info()
+        for d, c in zip(info, self._store.chunks):
+            d["row_base"] = c.base
+            d["row_map"] = c.row_map_entries()
+        return info
 
     def __repr__(self) -> str:
         return (f"ChunkedIndex(keys={len(self)}, key_type={self.key_type}, chunks={len(self._store)}, "

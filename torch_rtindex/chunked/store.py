@@ -91,9 +91,14 @@ class Chunk:
         self.kind = kind  # "pairs" (a CgRXIndex) or "nodes" (node chains, updated in place)
         self.used = used  # nodes: the region's nodes in use (the rest is slack for updates)
 
+    def row_map_entries(self) -> int:
+        """Entries of the chunk's int64 row map: 0 where its rows span under 2^32 and the pairs (or node chains)
+        hold each row's offset from ``base``."""
+        return next(int(count) for name, _, count, _ in self.specs if name == "l2g")
+
     def rows_in_place(self) -> bool:
-        """Whether the pairs (or node chains) hold each row's offset from base: no row map (rows spanning < 2^32)."""
-        return next(int(count) for name, _, count, _ in self.specs if name == "l2g") == 0
+        """Whether the pairs (or node chains) hold each row's offset from base: no row map."""
+        return self.row_map_entries() == 0
 
 
 class Mapped:
