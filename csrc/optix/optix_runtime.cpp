@@ -79,7 +79,7 @@ Pipeline create_pipeline(int device, abi::OptixDeviceContext ctx, const ProgramS
   const auto& o = api();
   auto path = g_program_paths.find(ps.name);
   TORCH_CHECK(path != g_program_paths.end(), "no compiled OptiX programs registered for '", ps.name,
-              "' (torch_rtindex._extension.load() registers them)");
+              "' (torch_rtindex registers a JIT build's at load, a prebuilt one's at its first OptiX index)");
   const std::string ir = read_file(path->second);
 
   abi::OptixModuleCompileOptions mco{};
