@@ -203,11 +203,13 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // rest zeros on the CPU, unspecified on CUDA).
   m.def("partition_queries(Tensor queries, int key_type, Tensor splitters, int chunks, int skip=-1) -> (Tensor keys, Tensor positions, Tensor counts)");
   // Point queries of a sharded index's fixed-capacity exchange (one chunk), grouped by owner into padded
-  // blocks: (keys [owners * capacity]: owner d's queries as ordered keys at [d * capacity, ...), zeros past its
-  // count; slots [n]: where query i went, -1 where its owner's block was full; counts [owners]: queries per
-  // owner, also those past the capacity). Which queries of an overfull owner fill its block: the first in query
-  // order on the CPU, any on CUDA.
-  m.def("partition_padded(Tensor queries, int key_type, Tensor splitters, int capacity) -> (Tensor keys, Tensor slots, Tensor counts)");
+  // blocks, each behind the exchange's header, so that the block goes out as it is: (block [owners, 3 +
+  // capacity]: row d is (queries to owner d, also those past the capacity; this rank's overflow flag, 1 if any
+  // owner got more than `capacity`, the same in every row; status 0; then owner d's queries as ordered keys,
+  // zeros past its count), slots [n]: where query i's key lies in the flattened block (so also its answer's
+  // row when the block is answered entry by entry), -1 where its owner's block was full). Which queries of an
+  // overfull owner fill its block: the first in query order on the CPU, any on CUDA.
+  m.def("partition_padded(Tensor queries, int key_type, Tensor splitters, int capacity) -> (Tensor block, Tensor slots)");
   // The answers [m, 2] of the slots back in the caller's order: output j of query i is answers[slots[i], j], or
   // fill_j where slots[i] is -1 (partition_padded's dropped queries).
   m.def("gather_answers(Tensor answers, Tensor slots, int fill_first, int fill_second) -> (Tensor, Tensor)");

@@ -9,6 +9,7 @@ import torch
 from keysets import keys_of_type
 
 from torch_rtindex import _extension
+from torch_rtindex._fake import PADDED_HEADER
 from torch_rtindex._keys import KEY_TYPES
 
 _extension.load()  # the operators are registered by the extension
@@ -97,28 +98,36 @@ def test_partition_padded(device, gen, key_type, world, capacity):
         q = torch.cat([q, torch.tensor([SIGN, 2**63 - 1, 0, -1, 1])])
     ordered = ops.map_keys(q, KEY_TYPES[key_type])
     splitters = splitters_from(ordered, world - 1, gen)
-    keys, slots, counts = internal.partition_padded(q.to(device), KEY_TYPES[key_type], splitters.to(device), capacity)
-    keys, slots, counts = keys.cpu(), slots.cpu(), counts.cpu()
+    block, slots = internal.partition_padded(q.to(device), KEY_TYPES[key_type], splitters.to(device), capacity)
+    block, slots = block.cpu(), slots.cpu()
+    H, width = PADDED_HEADER, PADDED_HEADER + capacity
+    assert block.shape == (world, width)
+    counts = block[:, 0]
     owner = torch.searchsorted(splitters ^ SIGN, ordered ^ SIGN, right=True)
+    # The header: each owner's count, this batch's overflow flag in every row, status 0.
     assert torch.equal(counts, torch.bincount(owner, minlength=world))
-    assert keys.shape == (world * capacity,)
-    kept = slots >= 0
-    # Each owner's block holds min(count, capacity) of its own queries, each once, at the slots recorded.
+    overflow = int(bool((counts > capacity).any()))
+    assert block[:, 1].tolist() == [overflow] * world and block[:, 2].tolist() == [0] * world
+    flat, kept = block.reshape(-1), slots >= 0
+    # Each owner's block holds min(count, capacity) of its own queries, each once, at the slots recorded (the
+    # entries of the flattened block, after its owner's header).
     assert torch.equal(torch.bincount(owner[kept], minlength=world), counts.clamp(max=capacity))
-    assert torch.equal(slots[kept] // max(capacity, 1), owner[kept])
+    assert torch.equal(slots[kept] // width, owner[kept])
+    assert bool((slots[kept] % width >= H).all())
     assert torch.unique(slots[kept]).numel() == int(kept.sum())
-    assert torch.equal(keys[slots[kept]], ordered[kept])
-    filled = torch.zeros(world * capacity, dtype=torch.bool)
+    assert torch.equal(flat[slots[kept]], ordered[kept])
+    filled = torch.zeros(world * width, dtype=torch.bool)
     filled[slots[kept]] = True
-    assert torch.equal(keys[~filled], torch.zeros(int((~filled).sum()), dtype=torch.int64))
-    assert bool((slots[kept] % max(capacity, 1) < counts.clamp(max=capacity)[owner[kept]]).all())
+    filled.view(world, width)[:, :H] = True
+    assert torch.equal(flat[~filled], torch.zeros(int((~filled).sum()), dtype=torch.int64))
+    assert bool((slots[kept] % width - H < counts.clamp(max=capacity)[owner[kept]]).all())
     if device.type == "cpu":  # stable: an owner's first `capacity` queries in query order
         rank_in_owner = torch.empty_like(owner)
         for d in range(world):
             sel = (owner == d).nonzero()[:, 0]
             rank_in_owner[sel] = torch.arange(sel.numel())
         assert torch.equal(kept, rank_in_owner < capacity)
-        assert torch.equal(slots[kept], owner[kept] * capacity + rank_in_owner[kept])
+        assert torch.equal(slots[kept], owner[kept] * width + H + rank_in_owner[kept])
 
 
 def test_partition_padded_errors(device):
@@ -127,8 +136,8 @@ def test_partition_padded_errors(device):
         internal.partition_padded(q, 0, sp, -1)
     with pytest.raises(RuntimeError, match="does not fit in 64 bits"):
         internal.partition_padded(q, 0, sp, 2**62)
-    keys, slots, counts = internal.partition_padded(q[:0], 0, sp, 4)
-    assert keys.shape == (8,) and slots.numel() == 0 and counts.tolist() == [0, 0]
+    block, slots = internal.partition_padded(q[:0], 0, sp, 4)
+    assert block.shape == (2, PADDED_HEADER + 4) and slots.numel() == 0 and not block.any()
 
 
 def test_gather_answers(device, gen):

@@ -10,6 +10,10 @@ from __future__ import annotations
 import torch
 from torch.library import register_fake
 
+# partition_padded's header columns before each owner's keys (count, overflow flag, status): the fixed-capacity
+# exchange's header (kPaddedHeader in csrc/distributed/partition_checks.h).
+PADDED_HEADER = 3
+
 
 def _dynamic_size() -> torch.SymInt:
     return torch.library.get_ctx().new_dynamic_size()
@@ -194,9 +198,8 @@ def _(queries, key_type, splitters, chunks, skip=-1):
 def _(queries, key_type, splitters, capacity):
     world = splitters.shape[0] + 1
     return (
-        queries.new_empty((world * capacity,), dtype=torch.int64),
+        queries.new_empty((world, PADDED_HEADER + capacity), dtype=torch.int64),
         queries.new_empty((queries.shape[0],), dtype=torch.int64),
-        queries.new_empty((world,), dtype=torch.int64),
     )
 
 

@@ -13,6 +13,8 @@ namespace rtindex {
 
 // The CUDA kernel keeps the splitters and one counter per bucket in shared memory.
 constexpr int64_t kMaxPartitionBuckets = 2048;
+// partition_padded's header columns before each owner's keys: count, overflow flag, status.
+constexpr int64_t kPaddedHeader = 3;
 
 inline void check_partition_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,
                                  int64_t chunks, int64_t skip = -1) {
@@ -34,7 +36,7 @@ inline void check_padded_args(const at::Tensor& queries, int64_t key_type, const
                               int64_t capacity) {
   check_partition_args(queries, key_type, splitters, 1);
   TORCH_CHECK(capacity >= 0, "capacity must be non-negative, got ", capacity);
-  TORCH_CHECK(capacity <= std::numeric_limits<int64_t>::max() / (splitters.numel() + 1),
+  TORCH_CHECK(capacity <= std::numeric_limits<int64_t>::max() / (splitters.numel() + 1) - kPaddedHeader,
               "capacity ", capacity, " times ", splitters.numel() + 1, " owners does not fit in 64 bits");
 }
 

@@ -110,39 +110,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cpu(const at::T
   return {keys, positions, counts};
 }
 
-// Padded blocks, stable: each owner's block holds its first `capacity` queries in query order.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cpu(const at::Tensor& queries, int64_t key_type,
-                                                                    const at::Tensor& splitters, int64_t capacity) {
+// Padded blocks behind their header, stable: each owner's block holds its first `capacity` queries in query order.
+std::tuple<at::Tensor, at::Tensor> partition_padded_cpu(const at::Tensor& queries, int64_t key_type,
+                                                        const at::Tensor& splitters, int64_t capacity) {
   check_padded_args(queries, key_type, splitters, capacity);
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
-  at::Tensor keys = at::zeros({world * capacity}, q.options().dtype(at::kLong));
+  const int64_t width = kPaddedHeader + capacity;
+  at::Tensor block = at::zeros({world, width}, q.options().dtype(at::kLong));
   at::Tensor slots = at::empty({n}, q.options().dtype(at::kLong));
-  at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
-  if (n == 0) return {keys, slots, counts};
+  if (n == 0) return {block, slots};
 
   const void* base = q.data_ptr();
   const uint64_t* split = reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>());
-  uint64_t* out_keys = reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>());
+  int64_t* out = block.data_ptr<int64_t>();
   int64_t* out_slot = slots.data_ptr<int64_t>();
+  std::vector<int64_t> counts(static_cast<size_t>(world));
   BlockPlan plan(n, world);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
     constexpr KeyType T = decltype(tag)::value;
     plan.count([&](int64_t i) { return owner_of(ordered_query<T>(base, i), split, num_splitters); }, true,
-               counts.data_ptr<int64_t>());
+               counts.data());
     plan.scatter([&](int64_t i, int64_t* cursor) {
       const uint64_t k = ordered_query<T>(base, i);
       const int64_t d = owner_of(k, split, num_splitters);
       const int64_t off = cursor[d]++;
       if (off < capacity) {
-        out_keys[d * capacity + off] = k;
-        out_slot[i] = d * capacity + off;
+        const int64_t at = d * width + kPaddedHeader + off;
+        out[at] = static_cast<int64_t>(k);
+        out_slot[i] = at;
       } else {
         out_slot[i] = -1;
       }
     });
   });
-  return {keys, slots, counts};
+  const bool overflow = std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c > capacity; });
+  for (int64_t d = 0; d < world; ++d) {  // the header (the status stays 0)
+    out[d * width] = counts[d];
+    out[d * width + 1] = overflow;
+  }
+  return {block, slots};
 }
 
 // Local answers (first local row or count, count or sum bits) as the [n, 2] rows of the return exchange, local

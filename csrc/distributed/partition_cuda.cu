@@ -3,8 +3,8 @@
 // bucket and block), an exclusive scan of the small count array, and a scatter kernel in which each block
 // reserves its slots per bucket with one global atomic. Order within a bucket is not stable (blocks reserve in
 // any order); the positions travel with the keys, so every answer still lands at its query. partition_padded
-// (the fixed-capacity exchange) is the scatter kernel alone, writing into per-owner blocks; gather_answers reads
-// the answers back by the slots it recorded.
+// (the fixed-capacity exchange) is the scatter kernel alone, writing into per-owner blocks behind their header
+// (the owners' counts are its cursors); gather_answers reads the answers back by the slots it recorded.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -72,14 +72,17 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
 }
 
 // Grouped (Padded = false): query i's key goes to the bucket's next slot of one array (cursor: each bucket's
-// first slot), out_pos[slot] = i. Padded: to owner d's block at d * capacity + its offset in the block (cursor:
-// zeros, each owner's count once done), out_pos[i] = that slot, or -1 past the capacity.
+// first slot), out_pos[slot] = i. Padded: out_keys is the zeroed block [owners, kPaddedHeader + capacity]; the
+// key goes to owner d's row after the header at its offset, out_pos[i] = that entry, or -1 past the capacity;
+// the cursors are the rows' count column (each owner's count once done), and the query that lands first past
+// an owner's capacity sets the overflow flag of every row.
 template <KeyType T, bool Padded>
 __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64_t n,
                                          const uint64_t* __restrict__ splitters, int64_t num_splitters, int64_t chunks,
                                          int64_t buckets, int64_t skip, unsigned long long* __restrict__ cursor,
                                          uint64_t* __restrict__ out_keys, int64_t* __restrict__ out_pos,
                                          int64_t capacity) {
+  const int64_t width = Padded ? kPaddedHeader + capacity : 0;
   extern __shared__ unsigned long long smem[];
   uint64_t* s_split = reinterpret_cast<uint64_t*>(smem);
   unsigned long long* s_base = smem + num_splitters;
@@ -107,7 +110,7 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
     __syncthreads();
     for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) {
       const unsigned c = s_count[b];
-      if (c) s_base[b] = atomicAdd(&cursor[b], static_cast<unsigned long long>(c));
+      if (c) s_base[b] = atomicAdd(&cursor[Padded ? b * width : b], static_cast<unsigned long long>(c));
     }
     __syncthreads();
 #pragma unroll
@@ -116,9 +119,11 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
       const int64_t i = tile + j * kBlock + threadIdx.x;
       const int64_t at = static_cast<int64_t>(s_base[bucket[j]] + slot[j]);
       if constexpr (Padded) {
-        const int64_t dst = bucket[j] * capacity + at;
+        const int64_t dst = bucket[j] * width + kPaddedHeader + at;
         if (at < capacity) out_keys[dst] = key[j];
         out_pos[i] = at < capacity ? dst : -1;
+        if (at == capacity)  // one query per overfull owner
+          for (int64_t r = 0; r < buckets; ++r) out_keys[r * width + 1] = 1;
       } else {
         out_keys[at] = key[j];
         out_pos[at] = i;
@@ -177,21 +182,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
   return {keys, positions, counts};
 }
 
-// One pass: no counting kernel, no scan (a block's offsets come from the owners' running counts).
-std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_padded_cuda(const at::Tensor& queries, int64_t key_type,
-                                                                     const at::Tensor& splitters, int64_t capacity) {
+// One pass: no counting kernel, no scan (a block's offsets come from the owners' running counts, kept in the
+// header's count column).
+std::tuple<at::Tensor, at::Tensor> partition_padded_cuda(const at::Tensor& queries, int64_t key_type,
+                                                         const at::Tensor& splitters, int64_t capacity) {
   check_padded_args(queries, key_type, splitters, capacity);
   const c10::cuda::CUDAGuard guard(queries.device());
   const at::Tensor q = queries.contiguous();
   const int64_t n = q.numel(), num_splitters = splitters.numel(), world = num_splitters + 1;
   check_cuda_buckets(world, "partition_padded");
-  at::Tensor keys = at::zeros({world * capacity}, q.options().dtype(at::kLong));
+  at::Tensor block = at::zeros({world, kPaddedHeader + capacity}, q.options().dtype(at::kLong));
   at::Tensor slots = at::empty({n}, q.options().dtype(at::kLong));
-  at::Tensor counts = at::zeros({world}, q.options().dtype(at::kLong));
-  if (n == 0) return {keys, slots, counts};
+  if (n == 0) return {block, slots};
 
-  launch_scatter<true>(q, key_type, splitters, 1, -1, counts, keys, slots, capacity);  // the counts are the cursors
-  return {keys, slots, counts};
+  launch_scatter<true>(q, key_type, splitters, 1, -1, block, block, slots, capacity);  // counts: the cursors
+  return {block, slots};
 }
 
 // Answer rows [m, 2] read as 16-byte vectors: a contiguous tensor whose storage starts 16-byte aligned.

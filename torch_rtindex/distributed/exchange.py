@@ -2,8 +2,8 @@
 fixed-capacity exchange of equal blocks behind a small header of counts, overflow flags and statuses.
 
 Every rank posts the same collectives in the same order whatever fails where: a local failure is carried by
-the next collective every rank posts anyway (the counts exchange, the answers' return with :data:`FAILED`
-marks or a status column) and raised after it.
+the next collective every rank posts anyway (the counts exchange, the fixed-capacity exchange's header, the
+answers' return with :data:`FAILED` marks or a status column) and raised after it.
 """
 
 from __future__ import annotations
@@ -97,27 +97,35 @@ def raise_failed(ix, op: str, err: BaseException | None, flags: torch.Tensor, sp
         )
 
 
-def padded_exchange(ix, counts, overflow, err, data, st: stages.Stages):
-    """The fixed-capacity query exchange: every rank sends every rank its block (``data`` [world, slots])
-    behind a header of the block's count, this rank's overflow flag and its routing status (1: ``err``).
-    Returns (received blocks, their counts, the overflow flag of any rank (0-d bool), each rank's status)."""
+def padded_block(ix, counts, overflow, err, data) -> torch.Tensor:
+    """The fixed-capacity exchange's send buffer [world, PADDED_HEADER + slots] from its parts: row d is rank
+    d's block (``data`` [world, slots]) behind a header of the block's count, this rank's overflow flag and its
+    routing status (1: ``err``); the layout partition_padded writes in place."""
     W = ix.world
     status = torch.full((W,), int(err is not None), dtype=torch.int64, device=ix.device)
     head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
+    return torch.cat([head, data], dim=1)
+
+
+def padded_exchange(ix, block: torch.Tensor, st: stages.Stages):
+    """The fixed-capacity query exchange: every rank sends every rank its row of ``block`` (see
+    :func:`padded_block`) as it is. Returns (received rows [world, PADDED_HEADER + slots], headers included:
+    column 2 holds each rank's routing status; the overflow flag of any rank (0-d bool))."""
     st.mark("partition")
-    got = a2a(ix, torch.cat([head, data], dim=1), None, None, st)
+    got = a2a(ix, block, None, None, st)
     st.mark("exchange")
-    return got[:, 3:], got[:, 0], got[:, 1].amax() > 0, got[:, 2]
+    return got, got[:, 1].any()
 
 
-def raise_routing(ix, op: str, err: BaseException | None, routed: torch.Tensor, checked: bool) -> None:
+def raise_routing(ix, op: str, err: BaseException | None, received: torch.Tensor, checked: bool) -> None:
     """After a fixed-capacity return exchange: the rank whose routing failed raises; with checks every rank
-    does (``routed``: each rank's status; one host synchronization)."""
+    does (``received``: the rows of the query exchange, each rank's status in column 2; one host
+    synchronization)."""
     if err is not None:
         raise header.ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank {ix.rank}: "
                                 f"{type(err).__name__}: {err}", {ix.rank: str(err)}) from err
-    if checked and bool(routed.any()):
-        failed = (routed != 0).nonzero()[:, 0].tolist()
+    if checked and bool(received[:, 2].any()):
+        failed = (received[:, 2] != 0).nonzero()[:, 0].tolist()
         raise header.ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed} (see the error "
                                 "raised there); the index is unchanged")
 

@@ -1,8 +1,8 @@
 """The fixed-capacity forms (``*_fixed``): every rank sends every rank exactly ``query_capacity`` query slots
 behind a header (count, overflow flag, status), with equal split sizes; slots found by a stable sort and a
-search, never a host read: fixed shapes and no host synchronization, for CUDA graphs and
-``torch.compile(fullgraph=True)``. The overflow flags every rank receives from every rank give a global flag
-without another collective."""
+search (points: by partition_padded, which writes the blocks and their headers in one pass), never a host read:
+fixed shapes and no host synchronization, for CUDA graphs and ``torch.compile(fullgraph=True)``. The overflow
+flags every rank receives from every rank give a global flag without another collective."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._fake import PADDED_HEADER
 from .._grouping import MAX_CUDA_BUCKETS
 from .._keys import KEY_TYPES, flip_sign
 from . import exchange, forms, header, points, routing, stages
@@ -29,10 +30,10 @@ class Fixed(NamedTuple):
     overflowed: torch.Tensor
 
 
-def checks_wanted(ix, check: bool | None) -> bool:
+def checks_wanted(ix, check: bool | None, live: bool | None = None) -> bool:
     if check is not None:
         return bool(check)
-    return eager(ix)
+    return eager(ix) if live is None else live
 
 
 def eager(ix) -> bool:
@@ -43,35 +44,29 @@ def eager(ix) -> bool:
     return not (ix.device.type == "cuda" and torch.cuda.is_current_stream_capturing())
 
 
-def fixed_local(ix, fn, shape: tuple[int, int]):
-    """The local stage of a fixed-capacity call: (payload [world, 1 + per-rank answer] with this rank's
-    status in column 0, error). In eager mode a failure (out of memory, ...) answers exchange.FAILED with status 1,
-    so that this rank still posts the return exchange; compiled or captured, the local stage runs as is."""
-    if eager(ix):
+def fixed_local(ix, fn, shape: tuple[int, int], live: bool, marked: bool):
+    """The local stage of a fixed-capacity call: (payload, error). ``marked``: the payload is the answers
+    (reshaped to ``shape``, one row per source rank), and an owner that failed answers exchange.FAILED in every
+    slot, which its first slot's mark tells; else a status column goes in front of them (column 0). ``live``
+    (eager mode): a failure (out of memory, ...) answers exchange.FAILED (with status 1) so that this rank still
+    posts the return exchange; compiled or captured, the local stage runs as is."""
+    if live:
         ans, err = exchange.guarded(ix, fn, lambda: torch.full(shape, exchange.FAILED, dtype=torch.int64, device=ix.device))
     else:
         ans, err = fn(), None
+    if marked:
+        return ans.view(shape), err
     status = torch.full((shape[0], 1), int(err is not None), dtype=torch.int64, device=ix.device)
     return torch.cat([status, ans.reshape(shape)], dim=1), err
 
 
-def fixed_failed(ix, op: str, err: BaseException | None, status: torch.Tensor, checked: bool) -> None:
-    """After a fixed-capacity return exchange (``status``: each owner's status): with checks, every rank
-    raises if any owner failed (one host synchronization); without, only the failed rank raises (the
-    others' answers from a failed owner are undefined: a call without checks reads no flag)."""
-    if checked:
-        exchange.raise_failed(ix, op, err, status != 0, [1] * ix.world)
-    elif err is not None:
-        exchange.raise_failed(ix, op, err, status[:0], [])
-
-
-def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages):
+def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages, live: bool):
     """Padded exchange of the pieces of ``lo`` / ``hi`` (``k`` columns: 1 for points, 2 for ranges). Returns
-    (received data [world * qcap, k], valid slots, global overflow (0-d bool), each rank's routing status,
-    this rank's routing error, and the pieces: (query, owner, valid) of each piece, its position in the send
-    buffer, dropped pieces). No host synchronization. In eager mode a failure while routing (out of memory)
-    sends empty blocks and status 1 instead of raising, so that every rank posts both exchanges; the caller
-    raises after the return (:func:`~.exchange.raise_routing`)."""
+    (received data [world * qcap, k], valid slots, global overflow (0-d bool), the received rows with their
+    headers (each rank's routing status), this rank's routing error, and the pieces: (query, owner, valid) of each piece, its position in the send
+    buffer, dropped pieces). No host synchronization. In eager mode (``live``) a failure while routing (out of
+    memory) sends empty blocks and status 1 instead of raising, so that every rank posts both exchanges; the
+    caller raises after the return (:func:`~.exchange.raise_routing`)."""
     dev, W = ix.device, ix.world
     err, pieces = None, None
     try:
@@ -86,45 +81,55 @@ def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages):
         starts = torch.searchsorted(skey, torch.arange(W + 1, device=dev))
         slot = torch.empty_like(order).index_copy_(0, order, torch.arange(P, device=dev) - starts[skey])
         counts = starts[1:] - starts[:-1]
-        live = torch.ones(P, dtype=torch.bool, device=dev) if valid is None else valid
+        live_piece = torch.ones(P, dtype=torch.bool, device=dev) if valid is None else valid
         fits = slot < qcap
-        dropped = live & ~fits
+        dropped = live_piece & ~fits
         overflow = dropped.any()
         trash = W * qcap
-        pos = torch.where(live & fits, owner * qcap + slot, trash)
+        pos = torch.where(live_piece & fits, owner * qcap + slot, trash)
         data = torch.zeros(trash + 1, k, dtype=torch.int64, device=dev)
         data.index_copy_(0, pos, torch.stack(cols, dim=1))
         data = data[:trash].reshape(W, qcap * k)
         pieces = (query, owner, valid, pos.clamp(max=trash - 1) if trash else pos, dropped)
     except Exception as e:  # noqa: BLE001  (eager: this rank's status, raised after the return exchange)
-        if not eager(ix):
+        if not live:
             raise
         err = e
         counts = torch.zeros(W, dtype=torch.int64, device=dev)
         overflow = torch.zeros((), dtype=torch.bool, device=dev)
         data = torch.zeros((W, qcap * k), dtype=torch.int64, device=dev)
-    rdata, rcount, gover, routed = exchange.padded_exchange(ix, counts, overflow, err, data, st)
+    got, gover = exchange.padded_exchange(ix, exchange.padded_block(ix, counts, overflow, err, data), st)
+    rcount = got[:, 0]
     rvalid = (torch.arange(qcap, device=dev)[None] < rcount.clamp(max=qcap)[:, None]).reshape(-1)
-    return rdata.reshape(W * qcap, k), rvalid, gover, routed, err, pieces
+    return got[:, PADDED_HEADER:].reshape(W * qcap, k), rvalid, gover, got, err, pieces
 
 
 def fixed_answers(ix, op: str, fn, shape: tuple[int, int], checked: bool, route_err: BaseException | None,
-                   routed: torch.Tensor, st: stages.Stages) -> torch.Tensor:
+                   received: torch.Tensor, st: stages.Stages, live: bool, flag_col: int | None = None) -> torch.Tensor:
     """The fixed-capacity local stage and return exchange: ``fn()`` answers the received blocks (reshaped to
-    ``shape``, one row per source rank), the rows go back, and failures are raised (a failed local lookup,
-    :func:`fixed_failed`; a failed routing, :func:`~.exchange.raise_routing`) once every rank has posted both
-    exchanges. Returns the answers this rank got back, [world, shape[1]]."""
-    payload, err = fixed_local(ix, fn, shape)
+    ``shape``, one row per source rank), the rows go back, and failures are raised once every rank has posted
+    both exchanges: a failed local lookup (with checks every rank raises if any owner failed, one host
+    synchronization; without, only the failed rank: the others' answers from a failed owner are undefined, a
+    call without checks reads no flag), then a failed routing (:func:`~.exchange.raise_routing`).
+    ``flag_col``: the column of a returned row that a failed owner marks exchange.FAILED (answers no real
+    lookup gives that value there); None: a status column travels in front of the answers instead. Returns
+    the answers this rank got back, [world, shape[1]]."""
+    payload, err = fixed_local(ix, fn, shape, live, flag_col is not None)
     st.mark("local")
     got = exchange.a2a(ix, payload, None, None, st)
     st.mark("return")
-    fixed_failed(ix, op, err, got[:, 0], checked)
-    exchange.raise_routing(ix, op, route_err, routed, checked)
-    return got[:, 1:]
+    if checked:
+        flags = got[:, 0] != 0 if flag_col is None else got[:, flag_col] == exchange.FAILED
+        exchange.raise_failed(ix, op, err, flags, [1] * ix.world)
+    elif err is not None:
+        exchange.raise_failed(ix, op, err, got[:0, 0], [])
+    exchange.raise_routing(ix, op, route_err, received, checked)
+    return got if flag_col is not None else got[:, 1:]
 
 
 def fixed(ix, op, lo, hi, values, query_capacity, check):
-    checked = checks_wanted(ix, check)
+    live = eager(ix)  # once per call: each query of the compile and capture state costs host time
+    checked = checks_wanted(ix, check, live)
     if checked:
         vcode, cached = values_header(ix, values)
 
@@ -151,13 +156,13 @@ def fixed(ix, op, lo, hi, values, query_capacity, check):
     qcap = query_capacity
     if hi is None and (ix.device.type != "cuda" or ix.world <= MAX_CUDA_BUCKETS):
         return fixed_points(ix, op, lo, local_values, values.dtype if values is not None else None, qcap,
-                                  checked, st)
-    rdata, rvalid, gover, routed, perr, pieces = fixed_exchange(ix, lo, hi, 1 if hi is None else 2, qcap, st)
+                            checked, st, live)
+    rdata, rvalid, gover, received, perr, pieces = fixed_exchange(ix, lo, hi, 1 if hi is None else 2, qcap, st, live)
     rlo = rdata[:, 0].contiguous()
     rhi = None if hi is None else rdata[:, 1].contiguous()
     base = op.removesuffix("_fixed")
     back = fixed_answers(ix, op, lambda: points.local_per_query(ix, base, rlo, rhi, local_values),
-                               (ix.world, qcap * 2), checked, perr, routed, st).reshape(ix.world * qcap, 2)
+                         (ix.world, qcap * 2), checked, perr, received, st, live).reshape(ix.world * qcap, 2)
     query, owner, valid, pos, dropped = pieces
     mine = back[pos] if back.shape[0] else torch.zeros(pos.numel(), 2, dtype=torch.int64, device=ix.device)
     if valid is not None:  # a range's pieces at shards it does not overlap contribute nothing
@@ -169,29 +174,36 @@ def fixed(ix, op, lo, hi, values, query_capacity, check):
     return Fixed(out, gover)
 
 
-def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool, st: stages.Stages) -> Fixed:
-    """Point queries through the fixed-capacity exchange: put into per-owner blocks of ``qcap`` slots in one
-    pass (partition_padded; which queries of an overfull owner fill its block is not specified: the CUDA
-    kernel is not stable), and their answers read back by slot in one pass (gather_answers). Fixed shapes,
-    no host synchronization."""
+def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool, st: stages.Stages,
+                 live: bool) -> Fixed:
+    """Point queries through the fixed-capacity exchange: put into per-owner blocks of ``qcap`` slots behind
+    the exchange's header in one pass (partition_padded; which queries of an overfull owner fill its block is
+    not specified: the CUDA kernel is not stable), the received rows answered as they lie, headers included
+    (three answers per source rank never read, instead of a copy without them), so that a query's slot is
+    also its answer's row, and the answers read back by slot in one pass (gather_answers). A failed owner's
+    answers are all exchange.FAILED, its first (a header's) too: the flag. Fixed shapes, no host
+    synchronization."""
     dev, W = ix.device, ix.world
     internal = header.internal()
     part_err = None
     try:
         ix._maybe_fault("partition")
-        keys, slots, counts = internal.partition_padded(lo, KEY_TYPES[ix.key_type], flip_sign(ix._splitters), qcap)
+        block, slots = internal.partition_padded(lo, KEY_TYPES[ix.key_type], flip_sign(ix._splitters), qcap)
     except Exception as e:  # noqa: BLE001  (eager: sent as this rank's status, raised after the exchanges)
-        if not eager(ix):
+        if not live:
             raise
         part_err = e
-        keys = torch.zeros(W * qcap, dtype=torch.int64, device=dev)
+        block = exchange.padded_block(ix, torch.zeros(W, dtype=torch.int64, device=dev),
+                                      torch.zeros((), dtype=torch.bool, device=dev), e,
+                                      torch.zeros((W, qcap), dtype=torch.int64, device=dev))
         slots = torch.full((lo.numel(),), -1, dtype=torch.int64, device=dev)
-        counts = torch.zeros(W, dtype=torch.int64, device=dev)
-    blocks, _, gover, routed = exchange.padded_exchange(ix, counts, (counts > qcap).any(), part_err, keys.view(W, qcap), st)
-    rlo = blocks.contiguous().view(W * qcap)  # slots past a block's count hold key 0: answered, never read
+    got, gover = exchange.padded_exchange(ix, block, st)
+    rlo = got.view(-1)  # the headers and the slots past a block's count: answered, never read
     base = op.removesuffix("_fixed")
-    back = fixed_answers(ix, op, lambda: points.local_per_query(ix, base, rlo, None, local_values), (W, qcap * 2),
-                               checked, part_err, routed, st).contiguous().view(W * qcap, 2)
+    width = PADDED_HEADER + qcap
+    count_col = 0 if "aggregate" in op else 1  # a real count is never FAILED (a sum's bits can be)
+    back = fixed_answers(ix, op, lambda: points.local_per_query(ix, base, rlo, None, local_values), (W, width * 2),
+                         checked, part_err, got, st, live, flag_col=count_col).view(W * width, 2)
     # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
     first, second = internal.gather_answers(back, slots, -1, 0 if "aggregate" in op else -1)
     st.mark("scatter")
@@ -200,8 +212,9 @@ def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool
 
 
 def capped_fixed(ix, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
+    live = eager(ix)
     st = stages.Stages(op, ix.profile, ix.device, ix.rank, ix._check_s)
-    rdata, rvalid, gover, routed, perr, pieces = fixed_exchange(ix, lo, hi, 2, qcap, st)
+    rdata, rvalid, gover, received, perr, pieces = fixed_exchange(ix, lo, hi, 2, qcap, st, live)
     # Slots past a block's count become empty ranges (ordered lo 1 > hi 0), so they add no rows.
     rlo = torch.where(rvalid, rdata[:, 0], 1)
     rhi = torch.where(rvalid, rdata[:, 1], 0)
@@ -213,7 +226,7 @@ def capped_fixed(ix, op, lo, hi, capacity, qcap, checked: bool) -> Fixed:
             parts.append(torch.cat([c.offsets[1:] - c.offsets[:-1], routing.to_global(ix, c.rows)]))
         return torch.stack(parts)
 
-    back = fixed_answers(ix, op, local, (ix.world, qcap + capacity), checked, perr, routed, st)
+    back = fixed_answers(ix, op, local, (ix.world, qcap + capacity), checked, perr, received, st, live)
     query, owner, valid, pos, dropped = pieces
     counts_from = back[:, :qcap].reshape(-1)
     rows_from = back[:, qcap:].reshape(-1)

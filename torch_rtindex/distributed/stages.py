@@ -32,7 +32,8 @@ class Stages:
             self._t = t
 
     def moved(self, send: torch.Tensor, recv: torch.Tensor, send_splits: list[int] | None) -> None:
-        width = send.element_size() * (send[0].numel() if send.dim() > 1 and send.shape[0] else 1)
+        # A row's size from the shape alone (send[0] would dispatch an operator on every exchange).
+        width = send.element_size() * (send.numel() // send.shape[0] if send.dim() > 1 and send.shape[0] else 1)
         self.stats["bytes_sent"] += send.numel() * send.element_size()
         self.stats["bytes_received"] += recv.numel() * recv.element_size()
         if send_splits is None:  # equal splits over the world
