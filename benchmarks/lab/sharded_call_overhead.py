@@ -1,11 +1,12 @@
 """The host work of one ShardedIndex point call at embedding-batch sizes (issue 44): per form, the torch
 operators one call dispatches (counted by a TorchDispatchMode: top-level operators, the collectives included,
-not the ones a custom operator's kernel calls inside) and the host microseconds per call (median over calls,
-slowest rank), at world 1 and 2 (gloo on CPU processes, or NCCL under --device cuda), a cgRX radix local index
+not the ones a custom operator's kernel calls inside) and the microseconds per call, wall and the calling thread's
+CPU time (medians over calls, slowest rank), at world 1 and 2 (gloo on CPU processes, or NCCL under --device cuda), a cgRX radix local index
 as sharded_embedding_bench.py builds it.
 
-On the CPU the time is the call's whole time (host work, the gloo exchanges and the small kernels); the operator
-count is what a GPU call pays in launches and dispatch.
+On the CPU the wall time is the call's whole time (host work, the gloo exchanges and the small kernels: on a
+loaded machine mostly noise); the thread's CPU time is the host work (Python, dispatch, the CPU kernels); the
+operator count is what a GPU call pays in launches and dispatch.
 
     python3 benchmarks/lab/sharded_call_overhead.py                 # worlds 1 and 2, 2^10 IDs per rank
     python3 benchmarks/lab/sharded_call_overhead.py --worlds 2 --log-ids 10,14
@@ -61,20 +62,24 @@ def parse(argv=None):
     return ap.parse_args(argv)
 
 
-def per_call_us(fn, dev, iters: int) -> float:
+def per_call_us(fn, dev, iters: int) -> tuple[float, float]:
+    """(wall, CPU time of the calling thread) per call in microseconds, medians over calls, slowest rank. The
+    thread's CPU time is the host work alone: it leaves out waiting (for the peer, for a core on a loaded
+    machine) and the backend's own threads."""
     for _ in range(20):
         fn()
     dist.barrier()
-    times = []
+    wall, cpu = [], []
     for _ in range(iters):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         fn()
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        times.append(time.perf_counter() - t)
-    t = torch.tensor([statistics.median(times) * 1e6], dtype=torch.float64, device=dev)
+        cpu.append(time.thread_time() - c)
+        wall.append(time.perf_counter() - t)
+    t = torch.tensor([statistics.median(wall) * 1e6, statistics.median(cpu) * 1e6], dtype=torch.float64, device=dev)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return float(t[0]), float(t[1])
 
 
 def probe(rank: int, world: int, argv: list[str]) -> None:
@@ -100,11 +105,11 @@ def probe(rank: int, world: int, argv: list[str]) -> None:
             counter = OpCounter()
             with counter:
                 calls[form]()
-            us = per_call_us(calls[form], dev, a.iters)
+            us, cpu_us = per_call_us(calls[form], dev, a.iters)
             if rank == 0:
                 ops = sum(counter.ops.values())
                 a2a = counter.ops.get("c10d.alltoall_base_", 0)
-                print(f"{world:>5} {log_ids:>8} {form:22} {ops:>6} {a2a:>5} {us:>10.1f}  "
+                print(f"{world:>5} {log_ids:>8} {form:22} {ops:>6} {a2a:>5} {us:>10.1f} {cpu_us:>10.1f}  "
                       f"{'right' if int(wrong) == 0 else f'{int(wrong)} WRONG'}", flush=True)
                 if a.list_ops:
                     print("      " + ", ".join(f"{k} x{v}" for k, v in sorted(counter.ops.items())), flush=True)
@@ -116,7 +121,7 @@ def main() -> None:
     print(f"sharded call overhead, commit {git_commit()}, torch {torch.__version__}, {a.device}, "
           f"2^{a.log_keys} keys per rank, cgRX radix shards, {a.threads} thread(s) per rank, median of {a.iters} calls "
           "(slowest rank)")
-    print(f"{'world':>5} {'log2 ids':>8} {'form':22} {'ops':>6} {'a2a':>5} {'host us':>10}  answers", flush=True)
+    print(f"{'world':>5} {'log2 ids':>8} {'form':22} {'ops':>6} {'a2a':>5} {'wall us':>10} {'thread us':>10}  answers", flush=True)
     for w in [int(s) for s in a.worlds.split(",") if s]:
         launch_ranks(probe, argparse.Namespace(device=a.device, world=w), timeout_s=300)
 
