@@ -11,6 +11,8 @@
 #               project's hash table; ROUNDS (default 2) rounds, the order reversed every other round
 #   small       small_batch_bench.py, 2^24 keys, 2^4 .. 2^24 queries, eager and CUDA-graph replay
 #   uniform27   chunked_bench.py, 2^30 keys, budget a quarter, six fresh uniform 2^27 batches after two training
+#               (the tree before this phase printed no batch within 200 s after its 44 s build on two H200s: up
+#               to 420 s a tree; a call of its own)
 #   sharded     sharded_bench.py on every GPU under torchrun, weak scaling, pipelined (8 chunks), 3 repeats
 #   first_call  first_call.py per tree (fresh processes: import, first and second build and lookup)
 #
@@ -99,7 +101,7 @@ print('${names[$t]}: built in %.0f s from' % (time.time() - t0), torch_rtindex._
     uniform27)
       for t in $(order 1); do
         over "uniform27 ${names[$t]}" && continue
-        in_tree "$t" timeout 200 python3 "$(script "$t" chunked_bench.py)" --log-keys 30 --log-lookups 27 --zipf "" \
+        in_tree "$t" timeout 420 python3 "$(script "$t" chunked_bench.py)" --log-keys 30 --log-lookups 27 --zipf "" \
           --repeats 6 --train-batches 2 --modes chunked --out "$out/uniform27_${names[$t]}" \
           > "$out/uniform27_${names[$t]}.log" 2>&1
         echo "uniform27 ${names[$t]} (rc $?)"; grep -E "batch [0-9]|^chunked|^in_core" "$out/uniform27_${names[$t]}.log" \
