@@ -14,11 +14,13 @@
 #               (the tree before this phase printed no batch within 200 s after its 44 s build on two H200s: up
 #               to 420 s a tree; a call of its own)
 #   sharded     sharded_bench.py on every GPU under torchrun, weak scaling, pipelined (8 chunks), 3 repeats
+#   sharded_embedding  sharded_embedding_bench.py on every GPU under torchrun: 2^10, 2^14, 2^17 IDs per rank, eager
+#               and CUDA-graph forms against two plain all-to-alls; ROUNDS rounds, the order reversed every other
 #   first_call  first_call.py per tree (fresh processes: import, first and second build and lookup)
 #
 # Trees: BEFORE_DIR and OTHER_DIRs hold torch_rtindex/ and csrc/ (a `git archive` of a commit, unpacked); the
 # working tree is "current", measured last in odd rounds. cgrx, small and first_call run the working tree's
-# scripts (public API only) over each tree (RTINDEX_TREE); uniform27 and sharded run each tree's own
+# scripts (public API only) over each tree (RTINDEX_TREE); uniform27, sharded and sharded_embedding run each tree's own
 # benchmarks/ scripts where it has them (their library options changed), else the working tree's. Logs go to
 # $OUT (the device call's folder) or /tmp/grid_ab.
 set -uo pipefail
@@ -115,6 +117,18 @@ print('${names[$t]}: built in %.0f s from' % (time.time() - t0), torch_rtindex._
           --range-hits "" --pipeline 8 --nccl-high-priority --repeats 3 --out-dir "$out/sharded_${names[$t]}" \
           > "$out/sharded_${names[$t]}.log" 2>&1
         echo "sharded ${names[$t]} (rc $?)"; grep -E "^weak|plain all-to-alls" "$out/sharded_${names[$t]}.log"
+      done
+      ;;
+    sharded_embedding)
+      for r in $(seq "$rounds"); do
+        for t in $(order "$r"); do
+          over "sharded_embedding ${names[$t]} round $r" && continue
+          in_tree "$t" timeout 240 torchrun --nproc-per-node="$ngpu" "$(script "$t" sharded_embedding_bench.py)" \
+            --log-ids 10,14,17 --out-dir "$out/sharded_embedding_${names[$t]}_r$r" \
+            > "$out/sharded_embedding_${names[$t]}_r$r.log" 2>&1
+          echo "sharded_embedding round $r ${names[$t]} (rc $?)"
+          grep -E "^ +[0-9]+ (a2a|lookup)|its baseline|answers checked" "$out/sharded_embedding_${names[$t]}_r$r.log"
+        done
       done
       ;;
     first_call)
