@@ -22,7 +22,8 @@
 # working tree is "current", measured last in odd rounds. cgrx, small and first_call run the working tree's
 # scripts (public API only) over each tree (RTINDEX_TREE); uniform27, sharded and sharded_embedding run each tree's own
 # benchmarks/ scripts where it has them (their library options changed), else the working tree's. Logs go to
-# $OUT (the device call's folder) or /tmp/grid_ab.
+# $OUT or /tmp/grid_ab. A device call brings back at most 8 files: there, point OUT at a scratch folder and send
+# this script's stdout (every run's summary lines) into the call's own $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
