@@ -30,8 +30,10 @@ import importlib.util
 import json
 import os
 import shutil
+import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +71,7 @@ _STALE_AFTER_S = 24 * 3600
 
 _loaded: dict | None = None
 _program_choices: dict[str, dict[str, str]] = {}  # a prebuilt extension's OptiX programs by name, then arch
+_program_lock = threading.Lock()  # two threads building their first OptiX indexes choose once
 _module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
 
 
@@ -171,39 +174,52 @@ class BuildSpec:
         return "cuda" if self.with_cuda else "cpu"
 
 
-def _nvml_capability(index: int) -> tuple[int, int] | None:
-    """The compute capability of CUDA device ``index`` (as this process numbers them) read through NVML, which
-    initialises no CUDA, as ``torch.cuda.device_count`` counts devices; None where NVML cannot tell."""
+def _nvml_capability() -> tuple[int, int] | None:
+    """The compute capability of the GPU a JIT build targets, read through NVML, which initialises no CUDA (as
+    ``torch.cuda.device_count`` counts devices): that of every visible device where they all agree, else that of
+    device 0 where CUDA numbers devices by PCI bus as NVML does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``); None where
+    NVML cannot tell (no NVML, devices it cannot map such as MIG, mixed GPUs in CUDA's default order)."""
     import ctypes
 
     try:
+        count = torch.cuda.device_count()
+        if count == 0:
+            return None
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        nvml_index = torch.cuda._get_nvml_device_index(index)  # honours CUDA_VISIBLE_DEVICES
+        indices = [torch.cuda._get_nvml_device_index(i) for i in range(count)]  # honours CUDA_VISIBLE_DEVICES
         if nvml.nvmlInit_v2() != 0:
             return None
+        found = []
         try:
-            handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(nvml_index), ctypes.byref(handle)) != 0:
-                return None
-            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-                return None
+            for nvml_index in indices:
+                handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+                if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(nvml_index), ctypes.byref(handle)) != 0:
+                    return None
+                if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                    return None
+                found.append((major.value, minor.value))
         finally:
             nvml.nvmlShutdown()
-    except (OSError, AttributeError, RuntimeError, ValueError, TypeError, IndexError):
-        return None  # no NVML, or devices it cannot map (MIG): torch's own query answers
-    return (major.value, minor.value) if major.value > 0 else None
+    except Exception:  # noqa: BLE001  (whatever NVML or torch's mapping raises: torch's own query answers)
+        return None
+    if found[0][0] <= 0:
+        return None
+    if len(set(found)) == 1 or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return found[0]
+    return None  # CUDA's default order puts the fastest GPU first, NVML's the first on the bus
 
 
 def _local_capability() -> tuple[int, int] | None:
     """The compute capability of the GPU a JIT build targets (the current CUDA device), or None without one.
     The build's digest is computed at every import, and import must not initialise CUDA (a process that did
     cannot fork workers that use it): until something else has, the capability is read through NVML."""
-    if not torch.cuda.is_available():
-        return None
+    # Not torch.cuda.is_available(): it initialises the driver (cuInit), which is what import must not do.
     if not torch.cuda.is_initialized():
-        found = _nvml_capability(0)  # before CUDA is initialised the current device is device 0
+        found = _nvml_capability()  # before CUDA is initialised the current device is device 0
         if found is not None:
             return found
+    if torch.cuda.device_count() == 0:
+        return None
     return torch.cuda.get_device_capability()
 
 
@@ -549,26 +565,34 @@ def pick_program_arch(archs: list[str], capability: tuple[int, int]) -> str:
     """The newest OptiX-IR arch a GPU of ``capability`` runs: the highest ``sm_XY`` not above it (the oldest
     one where none is)."""
     major, minor = capability
-    fits = [a for a in archs if int(a[3:]) <= major * 10 + minor]
-    return max(fits, key=lambda a: int(a[3:])) if fits else min(archs, key=lambda a: int(a[3:]))
+
+    def number(arch: str) -> int:  # sm_90 and sm_90a are both 90
+        return int(re.match(r"sm_(\d+)", arch)[1])
+
+    fits = [a for a in archs if number(a) <= major * 10 + minor]
+    return max(fits, key=number) if fits else min(archs, key=number)
 
 
 def register_optix_programs(device: torch.device) -> None:
-    """Registers the OptiX programs of a prebuilt extension with the OptiX runtime, for ``device``'s
-    architecture, before the first OptiX scene is built (its pipeline is made at its first lookup). Choosing
+    """Registers the OptiX programs of a prebuilt extension with the OptiX runtime before the first OptiX scene
+    is built on ``device`` (a CUDA device; its pipeline is made at its first lookup). Choosing
     among the wheel's architectures asks the GPU for its capability, which import must not do: that would
     initialise CUDA in every process that imports the package, and a process that did cannot fork workers that
     use CUDA. A JIT build's programs target this GPU and are registered at load. Once per process: the runtime
-    keeps one program set per name."""
+    keeps one program set per name, so they are chosen for the oldest GPU of the process (OptiX-IR of an older
+    architecture runs on a newer one)."""
     if device.type != "cuda" or not _program_choices:
         return
-    info = load()
-    capability = torch.cuda.get_device_capability(device)
-    for name, by_arch in sorted(_program_choices.items()):
-        path = by_arch[pick_program_arch(list(by_arch), capability)]
-        torch.ops.rtindex_internal.set_program_path(name, path)
-        info["optix_programs"][name] = path
-    _program_choices.clear()
+    with _program_lock:
+        if not _program_choices:
+            return
+        info = load()
+        capability = min(torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count()))
+        for name, by_arch in sorted(_program_choices.items()):
+            path = by_arch[pick_program_arch(list(by_arch), capability)]
+            torch.ops.rtindex_internal.set_program_path(name, path)
+            info["optix_programs"][name] = path
+        _program_choices.clear()
 
 
 def _load_prebuilt() -> tuple[ModuleType, dict] | str:

@@ -270,14 +270,16 @@ class ChunkedIndex:
     @property
     def hot_pair_bytes(self) -> int:
         """The hot tier's bytes per (key, row ID) pair now: its cgRX pair, search part and, once row IDs reach
-        2^32, a row map entry. ``hot_keys`` is priced at these, plus a learning candidate's few bytes
-        (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier learns."""
+        2^32, a row map entry. ``hot_keys`` was priced at these when the tier's room was reserved, plus a learning
+        candidate's few bytes (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier
+        learns."""
         return self._hot.pair_bytes()
 
     @property
     def hot_tier_keys(self) -> torch.Tensor:
         """The keys the hot tier holds now, most important first, as keys of :attr:`key_dtype` on the CPU (empty
-        while there is no tier)."""
+        while there is no tier, also from an update until the next point batch rebuilds the tier; a float
+        ``-0.0`` comes back as ``0.0``, the key it equals)."""
         if self._hot.tier is None:
             return torch.empty(0, dtype=self.key_dtype)
         ordered = flip_sign(self._hot.keys().cpu())  # the tier keeps flipped ordered keys
