@@ -113,19 +113,16 @@ def test_jit_build_reads_the_gpu_architecture_without_initialising_cuda(monkeypa
     monkeypatch.setattr(torch.cuda, "is_available", _refuse)  # it starts the driver: never asked
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    monkeypatch.setattr(_extension, "_nvml_capability", lambda: (8, 6))
-    spec = _extension.extension_spec(True)
+    spec = _extension.extension_spec(True, nvml=lambda: (8, 6))
     assert spec.program_arch == "sm_86" and "-gencode=arch=compute_86,code=sm_86" in spec.cuda_cflags
 
-    monkeypatch.setattr(_extension, "_nvml_capability", lambda: None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    spec = _extension.extension_spec(True)
+    spec = _extension.extension_spec(True, nvml=lambda: None)
     assert spec.program_arch == "sm_90" and "-gencode=arch=compute_90,code=sm_90" in spec.cuda_cflags
     # Once CUDA is initialised, torch answers (it is the current device's).
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(_extension, "_nvml_capability", _refuse)
-    assert _extension.extension_spec(True).program_arch == "sm_90"
+    assert _extension.extension_spec(True, nvml=_refuse).program_arch == "sm_90"
 
 
 def test_nvml_capability_is_none_where_nvml_cannot_tell(monkeypatch):
@@ -188,26 +185,24 @@ def test_program_arch_is_the_newest_the_gpu_runs(capability, arch):
 
 def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
     """A wheel's OptiX programs for several architectures: none is chosen at load, the one for the GPU of the
-    first index that builds an OptiX scene then (register_optix_programs), once."""
-    info = _extension.load()
-    monkeypatch.setitem(info, "optix_programs", {})
+    first index that builds an OptiX scene then (ProgramChoice.register), once."""
     choices = {"rx": {"sm_80": "/w/rx.sm_80.optixir", "sm_90": "/w/rx.sm_90.optixir"},
                "cgrx": {"sm_80": "/w/cgrx.sm_80.optixir", "sm_90": "/w/cgrx.sm_90.optixir"}}
-    monkeypatch.setattr(_extension, "_program_choices", choices)
     registered = []  # the runtime's registry is process-wide: these made-up paths must not reach it
-    monkeypatch.setattr(torch.ops.rtindex_internal, "set_program_path",
-                        lambda name, path: registered.append((name, path)))
+    programs = _extension.ProgramChoice(lambda name, path: registered.append((name, path)))
+    programs.offer(choices)
+    info = {"optix_programs": {}}
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    _extension.register_optix_programs(torch.device("cpu"))  # a CPU index needs no programs
+    programs.register(torch.device("cpu"), info["optix_programs"])  # a CPU index needs no programs
     assert info["optix_programs"] == {}
     # One program set per process: chosen for its oldest GPU (device 0, sm_86, here), which every GPU runs.
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: [(8, 6), (9, 0)][device])
-    _extension.register_optix_programs(torch.device("cuda", 1))
+    programs.register(torch.device("cuda", 1), info["optix_programs"])
     assert info["optix_programs"] == {"rx": "/w/rx.sm_80.optixir", "cgrx": "/w/cgrx.sm_80.optixir"}
     assert sorted(registered) == sorted(info["optix_programs"].items())
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    _extension.register_optix_programs(torch.device("cuda", 0))  # registered already: nothing asked
+    programs.register(torch.device("cuda", 0), info["optix_programs"])  # registered already: nothing asked
     assert info["optix_programs"]["rx"] == "/w/rx.sm_80.optixir" and len(registered) == 2
 
 
