@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._base import VALUE_DTYPES, _ops, check_capacity
+from .._base import VALUE_DTYPES, _ops, check_bool, check_capacity
 from .._keys import KEY_TYPES, check_key_tensor, check_queries, flip_sign, resolve_key_type
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from .build import Builder
@@ -53,6 +53,17 @@ def _option(name: str, doc: str, settable: bool = False) -> property:
         self._reconfigure(**{name: value})
 
     return property(get, put if settable else None, doc=doc)
+
+
+def _hot_flag(name: str, attr: str, doc: str) -> property:
+    """A flag of the hot tier (its attribute ``attr``), settable with True or False."""
+    def get(self: "ChunkedIndex") -> bool:
+        return getattr(self._hot, attr)
+
+    def put(self: "ChunkedIndex", value: bool) -> None:
+        setattr(self._hot, attr, check_bool(value, name))
+
+    return property(get, put, doc=doc)
 
 
 class ChunkedIndex:
@@ -234,27 +245,10 @@ class ChunkedIndex:
     in_place_window = _option("in_place_window", "Lookups in flight in one in-place launch (0: no limit).", True)
     cpu_group_queries = _option("cpu_group_queries", "Queries per grouped CPU call.", True)
 
-    @property
-    def hot_tier(self) -> bool:
-        """Whether point batches use the hot tier (False serves every query through the chunks; the tier is kept)."""
-        return self._hot.enabled
-
-    @hot_tier.setter
-    def hot_tier(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"hot_tier must be True or False, got {value!r}")
-        self._hot.enabled = value
-
-    @property
-    def hot_learn(self) -> bool:
-        """Whether point batches teach the hot tier its keys (False keeps them as they are; see :meth:`warm`)."""
-        return self._hot.learning
-
-    @hot_learn.setter
-    def hot_learn(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"hot_learn must be True or False, got {value!r}")
-        self._hot.learning = value
+    hot_tier = _hot_flag("hot_tier", "enabled", "Whether point batches use the hot tier (False serves every query "
+                         "through the chunks; the tier is kept).")
+    hot_learn = _hot_flag("hot_learn", "learning", "Whether point batches teach the hot tier its keys (False keeps "
+                          "them as they are; see :meth:`warm`).")
 
     @property
     def hot_capacity(self) -> int:
