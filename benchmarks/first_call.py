@@ -56,8 +56,16 @@ if name != "ChunkedIndex":
     keys, queries = keys.to(device), queries.to(device)
 else:
     queries = queries.to(device)
+profile = len(sys.argv) > 5 and sys.argv[5] == "profile"
 for attempt in ("first", "second"):
+    if profile and attempt == "first":
+        import cProfile, io, pstats
+        prof = cProfile.Profile(); prof.enable()
     sync(); u = usage(); t = time.perf_counter(); index = build(keys); sync()
+    if profile and attempt == "first":
+        prof.disable(); text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+        out["profile"] = text.getvalue()
     out[f"{attempt}_build"] = time.perf_counter() - t
     v = usage()
     out[f"{attempt}_build_cpu"] = v.ru_utime + v.ru_stime - u.ru_utime - u.ru_stime
@@ -71,8 +79,9 @@ print(json.dumps(out))
 """
 
 
-def run_probe(name: str, device: str, n: int, q: int, env: dict) -> dict:
-    res = subprocess.run([sys.executable, "-c", PROBE, name, device, str(n), str(q)], capture_output=True,
+def run_probe(name: str, device: str, n: int, q: int, env: dict, profile: bool = False) -> dict:
+    argv = [sys.executable, "-c", PROBE, name, device, str(n), str(q)] + (["profile"] if profile else [])
+    res = subprocess.run(argv, capture_output=True,
                          text=True, env=env, cwd=tempfile.gettempdir(), timeout=900)
     if res.returncode != 0:
         return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"}
@@ -87,6 +96,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per class and device")
     parser.add_argument("--classes", default="RXIndex,CgRXIndex,CgRXIndex(radix),UpdatableCgRXIndex,ChunkedIndex")
     parser.add_argument("--json", help="write the raw numbers here")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more process per class and device with the first build under cProfile: prints the "
+                             "functions that took longest where the first build took 50 ms more than the second")
     args = parser.parse_args()
 
     import torch
@@ -100,11 +112,13 @@ def main() -> None:
     subprocess.run([sys.executable, "-c", "import torch_rtindex"], env=env, cwd=tempfile.gettempdir(), check=True,
                    timeout=1800)
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    rows = []
+    rows, profiles = [], []
     for device in devices:
         for name in args.classes.split(","):
             for r in range(args.repeats):
                 rows.append({"class": name, "device": device, "run": r, **run_probe(name, device, args.keys, args.queries, env)})
+            if args.profile:
+                profiles.append((name, device, run_probe(name, device, args.keys, args.queries, env, profile=True)))
     if "cuda" in devices:
         # The first OptiX lookup in a process with OptiX's disk cache cold, then warm (same folder, next process).
         with tempfile.TemporaryDirectory() as cache:
@@ -126,6 +140,11 @@ def main() -> None:
             continue
         vals = " ".join(f"{r[c] * 1e3:16.1f}" if c in r else f"{'-':>16}" for c in cols)
         print(f"{r['class']:20} {r['device']:22} {str(r['backend']):14} {vals}  {r['dynamo_loaded']}")
+    for name, device, r in profiles:
+        if "error" not in r and r["first_build"] - r["second_build"] > 0.05:
+            print(f"\n{name} on {device}: first build {r['first_build'] * 1e3:.1f} ms, second "
+                  f"{r['second_build'] * 1e3:.1f} ms; the first under cProfile:")
+            print("\n".join(line for line in r["profile"].splitlines()[:40] if line.strip()))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
