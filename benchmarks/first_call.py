@@ -1,8 +1,8 @@
 """First-call costs, each measured in a fresh process: ``import torch``, ``import torch_rtindex`` on top, then per
 index class and device the first and second build over 2^20 keys and the first and second point lookup of
-2^16 queries. CUDA's own start-up (context creation) is timed apart, before the first build. On CUDA, the
-first OptiX lookup's cost is also measured with OptiX's disk cache cold (an empty cache folder) and warm (the
-same folder, next process).
+2^16 queries. CUDA's own start-up (context creation) is timed apart, before the first build, and for RXIndex
+OptiX's (its device context, which every RX build needs). On CUDA, the first OptiX lookup's cost is also measured
+with OptiX's disk cache cold (an empty cache folder) and warm (the same folder, next process).
 
     python3 benchmarks/first_call.py                      # the checkout this file lives in
     python3 benchmarks/first_call.py --package-path DIR   # e.g. a wheel installed with pip --target DIR
@@ -42,6 +42,8 @@ usage = lambda: resource.getrusage(resource.RUSAGE_SELF)
 if device == "cuda":
     t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device="cuda"); sync()
     out["cuda_init"] = time.perf_counter() - t
+    if name == "RXIndex":  # OptiX's own start-up (its device context), which every RX build needs, apart too
+        t = time.perf_counter(); ti.optix_info(torch.device("cuda")); out["optix_init"] = time.perf_counter() - t
 gen = torch.Generator().manual_seed(0)
 keys = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)
 queries = keys[torch.randint(0, n, (q,), generator=gen)]
@@ -131,7 +133,7 @@ def main() -> None:
     first = next((r for r in rows if "import_torch" in r), {})
     print(f"package: {first.get('package')} ({first.get('extension')} extension); "
           f"keys {args.keys}, queries {args.queries}; times in ms")
-    cols = ["import_torch", "import_torch_rtindex", "cuda_init", "first_build", "second_build", "first_build_cpu",
+    cols = ["import_torch", "import_torch_rtindex", "cuda_init", "optix_init", "first_build", "second_build", "first_build_cpu",
             "second_build_cpu", "first_lookup", "second_lookup"]
     print(f"{'class':20} {'device':22} {'backend':14} " + " ".join(f"{c:>16}" for c in cols) + "  dynamo")
     for r in rows:

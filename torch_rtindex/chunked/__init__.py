@@ -3,7 +3,7 @@ on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
 
 The keys are cut into key-range **chunks** (:mod:`.build`); each chunk is a cgRX structure over its keys in global
 row order, or with ``updatable=True`` the node chains of :class:`~torch_rtindex.UpdatableCgRXIndex`. Every chunk
-lives in host memory (pinned where CUDA is available) as one contiguous blob (:mod:`.store`); a **cache** on the
+lives in host memory (pinned when the index serves a GPU) as one contiguous blob (:mod:`.store`); a **cache** on the
 fast device holds whole chunks, none twice, within a byte budget (:mod:`.cache`). A batch is partitioned into one
 queue per chunk and served by the GPU and the CPU at once (:mod:`.executor`), each queue assigned by a greedy
 makespan balance (:mod:`.planner`) over measured rates (:mod:`.cost`, :mod:`.calibration`). A GPU-resident **hot
@@ -173,7 +173,7 @@ class ChunkedIndex:
         config = options.resolved()
         self._options, self._config = options, config  # as given (for a move to another device), as resolved
         self.key_type, self.key_dtype = key_type, key_dtype
-        pin = torch.cuda.is_available()
+        pin = config.device.type == "cuda"  # pinning starts CUDA: a CPU index on a GPU machine need not
         self._stats = Stats()
         self._store = ChunkStore(config, key_type, key_dtype, pin, self._stats)
         self._builder = Builder(config, key_type, pin)
