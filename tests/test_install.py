@@ -155,7 +155,8 @@ def test_prebuilt_extension_is_used_when_it_matches_and_skipped_with_the_reason(
     empty_cache = tmp_path / "no_cache"
     info, err = _import_from(root, empty_cache)
     assert info["kind"] == "prebuilt" and info["path"] == str(pkg / f"{name}.so")
-    assert "compiling" not in err and not empty_cache.exists()
+    # Nothing built: the build cache holds at most the OptiX disk cache a CUDA extension points there at load.
+    assert "compiling" not in err and {p.name for p in empty_cache.glob("*")} <= {"optix_cache"}
 
     record["torch"] = {**record["torch"], "version": "0.0.1"}
     (pkg / "_prebuilt.json").write_text(json.dumps(record))
