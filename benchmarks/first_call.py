@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1 << 16)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per class and device")
     parser.add_argument("--classes", default="RXIndex,CgRXIndex,CgRXIndex(radix),UpdatableCgRXIndex,ChunkedIndex")
+    parser.add_argument("--devices", default="cpu,cuda", help="of cpu,cuda (cuda where available)")
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--profile", action="store_true",
                         help="one more process per class and device with the first build under cProfile: prints the "
@@ -113,7 +114,8 @@ def main() -> None:
     # build cache has none yet), so that no timed import pays either.
     subprocess.run([sys.executable, "-c", "import torch_rtindex"], env=env, cwd=tempfile.gettempdir(), check=True,
                    timeout=1800)
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    wanted = args.devices.split(",")
+    devices = [d for d in ("cpu", "cuda") if d in wanted and (d == "cpu" or torch.cuda.is_available())]
     rows, profiles = [], []
     for device in devices:
         for name in args.classes.split(","):
@@ -121,7 +123,7 @@ def main() -> None:
                 rows.append({"class": name, "device": device, "run": r, **run_probe(name, device, args.keys, args.queries, env)})
             if args.profile:
                 profiles.append((name, device, run_probe(name, device, args.keys, args.queries, env, profile=True)))
-    if "cuda" in devices:
+    if "cuda" in devices and {"RXIndex", "CgRXIndex"} <= set(args.classes.split(",")):
         # The first OptiX lookup in a process with OptiX's disk cache cold, then warm (same folder, next process).
         with tempfile.TemporaryDirectory() as cache:
             for state in ("optix cache cold", "optix cache warm"):
