@@ -1,8 +1,8 @@
 """First-call costs, each measured in a fresh process: ``import torch``, ``import torch_rtindex`` on top, then per
 index class and device the first and second build over 2^20 keys and the first and second point lookup of
-2^16 queries. CUDA's own start-up (context creation) is timed apart, before the first build. On CUDA, the
-first OptiX lookup's cost is also measured with OptiX's disk cache cold (an empty cache folder) and warm (the
-same folder, next process).
+2^16 queries. CUDA's own start-up (context creation) is timed apart, before the first build, and for RXIndex
+OptiX's (its device context, which every RX build needs). On CUDA, the first OptiX lookup's cost is also measured
+with OptiX's disk cache cold (an empty cache folder) and warm (the same folder, next process).
 
     python3 benchmarks/first_call.py                      # the checkout this file lives in
     python3 benchmarks/first_call.py --package-path DIR   # e.g. a wheel installed with pip --target DIR
@@ -42,6 +42,8 @@ usage = lambda: resource.getrusage(resource.RUSAGE_SELF)
 if device == "cuda":
     t = time.perf_counter(); torch.cuda.init(); torch.empty(1, device="cuda"); sync()
     out["cuda_init"] = time.perf_counter() - t
+    if name == "RXIndex":  # OptiX's own start-up (its device context), which every RX build needs, apart too
+        t = time.perf_counter(); ti.optix_info(torch.device("cuda")); out["optix_init"] = time.perf_counter() - t
 gen = torch.Generator().manual_seed(0)
 keys = torch.randint(-2**63, 2**63 - 1, (n,), generator=gen)
 queries = keys[torch.randint(0, n, (q,), generator=gen)]
@@ -56,8 +58,16 @@ if name != "ChunkedIndex":
     keys, queries = keys.to(device), queries.to(device)
 else:
     queries = queries.to(device)
+profile = len(sys.argv) > 5 and sys.argv[5] == "profile"
 for attempt in ("first", "second"):
+    if profile and attempt == "first":
+        import cProfile, io, pstats
+        prof = cProfile.Profile(); prof.enable()
     sync(); u = usage(); t = time.perf_counter(); index = build(keys); sync()
+    if profile and attempt == "first":
+        prof.disable(); text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+        out["profile"] = text.getvalue()
     out[f"{attempt}_build"] = time.perf_counter() - t
     v = usage()
     out[f"{attempt}_build_cpu"] = v.ru_utime + v.ru_stime - u.ru_utime - u.ru_stime
@@ -71,8 +81,9 @@ print(json.dumps(out))
 """
 
 
-def run_probe(name: str, device: str, n: int, q: int, env: dict) -> dict:
-    res = subprocess.run([sys.executable, "-c", PROBE, name, device, str(n), str(q)], capture_output=True,
+def run_probe(name: str, device: str, n: int, q: int, env: dict, profile: bool = False) -> dict:
+    argv = [sys.executable, "-c", PROBE, name, device, str(n), str(q)] + (["profile"] if profile else [])
+    res = subprocess.run(argv, capture_output=True,
                          text=True, env=env, cwd=tempfile.gettempdir(), timeout=900)
     if res.returncode != 0:
         return {"error": res.stderr.strip().splitlines()[-1] if res.stderr.strip() else f"exit {res.returncode}"}
@@ -86,7 +97,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=1 << 16)
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per class and device")
     parser.add_argument("--classes", default="RXIndex,CgRXIndex,CgRXIndex(radix),UpdatableCgRXIndex,ChunkedIndex")
+    parser.add_argument("--devices", default="cpu,cuda", help="of cpu,cuda (cuda where available)")
     parser.add_argument("--json", help="write the raw numbers here")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more process per class and device with the first build under cProfile: prints the "
+                             "functions that took longest where the first build took 50 ms more than the second")
     args = parser.parse_args()
 
     import torch
@@ -99,13 +114,16 @@ def main() -> None:
     # build cache has none yet), so that no timed import pays either.
     subprocess.run([sys.executable, "-c", "import torch_rtindex"], env=env, cwd=tempfile.gettempdir(), check=True,
                    timeout=1800)
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    rows = []
+    wanted = args.devices.split(",")
+    devices = [d for d in ("cpu", "cuda") if d in wanted and (d == "cpu" or torch.cuda.is_available())]
+    rows, profiles = [], []
     for device in devices:
         for name in args.classes.split(","):
             for r in range(args.repeats):
                 rows.append({"class": name, "device": device, "run": r, **run_probe(name, device, args.keys, args.queries, env)})
-    if "cuda" in devices:
+            if args.profile:
+                profiles.append((name, device, run_probe(name, device, args.keys, args.queries, env, profile=True)))
+    if "cuda" in devices and {"RXIndex", "CgRXIndex"} <= set(args.classes.split(",")):
         # The first OptiX lookup in a process with OptiX's disk cache cold, then warm (same folder, next process).
         with tempfile.TemporaryDirectory() as cache:
             for state in ("optix cache cold", "optix cache warm"):
@@ -117,7 +135,7 @@ def main() -> None:
     first = next((r for r in rows if "import_torch" in r), {})
     print(f"package: {first.get('package')} ({first.get('extension')} extension); "
           f"keys {args.keys}, queries {args.queries}; times in ms")
-    cols = ["import_torch", "import_torch_rtindex", "cuda_init", "first_build", "second_build", "first_build_cpu",
+    cols = ["import_torch", "import_torch_rtindex", "cuda_init", "optix_init", "first_build", "second_build", "first_build_cpu",
             "second_build_cpu", "first_lookup", "second_lookup"]
     print(f"{'class':20} {'device':22} {'backend':14} " + " ".join(f"{c:>16}" for c in cols) + "  dynamo")
     for r in rows:
@@ -126,6 +144,11 @@ def main() -> None:
             continue
         vals = " ".join(f"{r[c] * 1e3:16.1f}" if c in r else f"{'-':>16}" for c in cols)
         print(f"{r['class']:20} {r['device']:22} {str(r['backend']):14} {vals}  {r['dynamo_loaded']}")
+    for name, device, r in profiles:
+        if "error" not in r and r["first_build"] - r["second_build"] > 0.05:
+            print(f"\n{name} on {device}: first build {r['first_build'] * 1e3:.1f} ms, second "
+                  f"{r['second_build'] * 1e3:.1f} ms; the first under cProfile:")
+            print("\n".join(line for line in r["profile"].splitlines()[:40] if line.strip()))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

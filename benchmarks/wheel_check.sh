@@ -50,13 +50,16 @@ t = time.perf_counter(); import torch_rtindex; t_pkg = time.perf_counter() - t
 info = torch_rtindex._extension.load()
 assert info["kind"] == "prebuilt" and info["backend"] == "cuda", info
 assert info["path"].startswith(os.environ["PYTHONPATH"]), info
-print(f"first import from the wheel: prebuilt {info['path']}; OptiX programs {info['optix_programs']}")
+print(f"first import from the wheel: prebuilt {info['path']}")
 print(f"  import torch {t_torch:.2f} s, import torch_rtindex {t_pkg:.2f} s on top")
 keys = torch.randint(-2**63, 2**63 - 1, (1 << 20,), device="cuda")
 for cls in (torch_rtindex.RXIndex, torch_rtindex.CgRXIndex, torch_rtindex.UpdatableCgRXIndex):
     t = time.perf_counter(); index = cls(keys); found = index.lookup(keys[:4096]); torch.cuda.synchronize()
     assert int(found.count.min()) >= 1
     print(f"  {cls.__name__} (backend {getattr(index, 'backend', 'optix')}): first build + lookup {1e3 * (time.perf_counter() - t):.0f} ms")
+# The OptiX programs are chosen at the first OptiX index (the RXIndex above), for this machine's GPUs.
+assert set(info["optix_programs"]) == {"rx", "cgrx"}, info["optix_programs"]
+print(f"  OptiX programs chosen at the first OptiX index: {info['optix_programs']}")
 built = [d for d in os.listdir(os.environ["TORCH_RTINDEX_BUILD_DIR"])] if os.path.exists(os.environ["TORCH_RTINDEX_BUILD_DIR"]) else []
 assert not [d for d in built if d.startswith(("cuda-", "cpu-", "work-"))], built  # only optix_cache may be there
 print("  nothing compiled; build cache holds:", built)

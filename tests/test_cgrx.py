@@ -6,7 +6,8 @@ import torch
 from keysets import ROW, int64_keys, keys_of_type, point_queries, range_queries
 from reference import Reference, check_lookup, check_matches
 
-from torch_rtindex import CgRXIndex
+import torch_rtindex
+from torch_rtindex import CgRXIndex, UpdatableCgRXIndex
 
 # Index options per backend; "optix" is tried in both scene representations (optimized is its default).
 BACKENDS = [
@@ -292,6 +293,22 @@ def test_range_count_at_the_edges_of_the_key_range(device, gen, backend):
     np.testing.assert_array_equal(index.range_lookup(lo.to(device), hi.to(device)).count.cpu().numpy(), want)
     empty = CgRXIndex(keys[:0].to(device), **backend)
     assert empty.range_count(lo.to(device), hi.to(device)).sum().item() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_default_backend_follows_the_rt_cores_optix_reports():
+    """The default asks OptiX only where the GPU's capability does not say already; either way it is OptiX
+    where OptiX reports RT cores and the radix table elsewhere (OptiX's answer for the capabilities it skips)."""
+    from torch_rtindex.cgrx import NO_RT_CORES
+
+    for d in range(torch.cuda.device_count()):
+        device = torch.device("cuda", d)
+        rt_cores = torch_rtindex.optix_info(device)["has_rt_cores"]
+        if torch.cuda.get_device_capability(device) in NO_RT_CORES:
+            assert not rt_cores
+        index = CgRXIndex(torch.arange(100, device=device))
+        assert index.backend == ("optix" if rt_cores else "radix")
+        assert UpdatableCgRXIndex(torch.arange(100, device=device)).backend == index.backend
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

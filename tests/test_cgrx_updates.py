@@ -262,3 +262,33 @@ def test_settings_are_checked_where_they_are_changed(device):
     assert (index.growth, index.max_node_reads) == (2.0, None)
     index.insert(torch.arange(100, device=device))
     assert len(index) == 102 and index.stats()["auto_rebuilds"] == 0
+
+
+@pytest.mark.parametrize("node_size", [2, 4, 32, 64])
+def test_bulk_load_buckets_fill_half_nodes_and_never_split_a_key(device, node_size):
+    """The bulk load (the ``cgrx_nodes_load`` operator): buckets end where the run of the key at every
+    (node_size / 2)-th sorted pair ends, and at the last pair; each representative is its bucket's largest key, and
+    ``used`` counts every bucket's node plus the extra nodes of buckets over node_size pairs. Against numpy over
+    (unsigned key, unsigned row) order, on full-range keys with the edges and on keys with long runs of copies."""
+    rng = np.random.default_rng(node_size)
+    edges = np.array([I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX], dtype=np.int64)
+    for n in [0, 1, 2, 3, node_size // 2, node_size // 2 + 1, node_size, 1000, 5000]:
+        for kind in ("full", "runs"):
+            if kind == "full":
+                keys = np.concatenate([rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True), edges])[:n]
+            else:
+                keys = rng.choice(edges, n) if n else edges[:0]
+            rows = rng.integers(-(2**31), 2**31 - 1, n, dtype=np.int64).astype(np.int32)  # as uint32 up to 2^32 - 1
+            ordered = keys.view(np.uint64) ^ np.uint64(1 << 63)  # map_keys: int64 keys in unsigned order
+            order = np.lexsort((rows.view(np.uint32), ordered))
+            sk = ordered[order]
+            per = node_size // 2
+            cands = np.append(np.arange(per - 1, n, per), n - 1) if n else np.array([], dtype=np.int64)
+            ends = np.unique(np.searchsorted(sk, sk[cands], side="right") - 1)
+            counts = np.diff(np.concatenate([[-1], ends]))
+            want_used = len(ends) + int(np.maximum(0, -(-counts // node_size) - 1).sum()) if n else 1
+            want_reps = sk[ends].view(np.int64) if n else np.array([-1])
+            k = torch.ops.rtindex.map_keys(torch.from_numpy(keys).to(device), 0)
+            _, reps, _, used = torch.ops.rtindex.cgrx_nodes_load(k, torch.from_numpy(rows).to(device), node_size, 1.25)
+            assert reps.cpu().numpy().tolist() == want_reps.tolist(), (n, kind)
+            assert int(used) == want_used, (n, kind)

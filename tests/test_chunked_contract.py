@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from keysets import int64_keys, point_queries, range_queries
-from reference import Reference, check_lookup
+from reference import Multiset, Reference, check_lookup
 
 import torch_rtindex
 from torch_rtindex import ChunkedIndex, UpdatableIndex
@@ -153,6 +153,29 @@ def test_pickle_deepcopy_and_torch_save_round_trips(gen, updatable):
             same_answers(c, index, keys, gen)
             c.insert(torch.tensor([5]))  # a copy is independent
             assert len(c) == len(index) + 1
+
+
+@pytest.mark.parametrize("updatable", [False, True])
+@pytest.mark.parametrize("row", [3, 2**40])
+def test_a_row_given_to_several_keys_survives_every_round_trip(tmp_path, updatable, row):
+    """An insert may give a row ID already in use (rows are the caller's payload, as with UpdatableCgRXIndex):
+    the index answers it for every key holding it, and its state, copies and saved directory do too."""
+    keys = torch.arange(1000, dtype=torch.int64) * 7
+    index = small(keys, updatable=updatable)
+    ref = Multiset(keys, "int64")
+    for batch in ({"insert_keys": torch.tensor([1, 2]), "insert_rows": torch.tensor([row, row])},
+                  {"insert_keys": torch.tensor([14]), "insert_rows": torch.tensor([5])}):  # key 35's row too
+        index.update(**batch)
+        ref.update(**batch)
+    queries = torch.tensor([0, 1, 2, 14, 35, 21, 3, 6993])
+    first, count = Multiset.first_count(ref.point_rows(queries))
+    index.save(str(tmp_path / "saved"))
+    fresh = small(keys[:1], updatable=updatable)
+    fresh.load_state_dict(index.state_dict())
+    copies = (index, copy.deepcopy(index), pickle.loads(pickle.dumps(index)), fresh,
+              ChunkedIndex.open(str(tmp_path / "saved")))
+    for c in copies:
+        check_lookup(c.lookup(queries), first, count)
 
 
 @pytest.mark.parametrize("option,value,error,match", [

@@ -57,7 +57,7 @@ def cases(check: str, kinds=KINDS, key_types=("int64",), groups=None):
     for backend, world, device in groups or GROUPS:
         for kind in kinds:
             for kt in key_types:
-                out.append(pytest.param(backend, world, device, kind, kt, id=f"{backend}{world}-{kind}-{kt}",
+                out.append(pytest.param(check, backend, world, device, kind, kt, id=f"{check}-{backend}{world}-{kind}-{kt}",
                                         marks=_gap(kind, check)))
     return out
 
@@ -310,9 +310,9 @@ def _eq(got, want):
     assert tuple(got) == tuple(want), f"got {got}, want {want}"
 
 
-def rank_updates(info, device, kind, key_type, seed):
+def rank_updates(info, device, kind, key_type):
     soft = Soft(info.rank)
-    _updates(info, kind, key_type, seed, soft, explicit_rows=False, cancel_rows=False)
+    _updates(info, kind, key_type, 0 if key_type == "int64" else 1, soft, explicit_rows=False, cancel_rows=False)
     soft.done()
 
 
@@ -403,84 +403,32 @@ def rank_bad_input(info, device, kind, key_type):
 
 # ------------------------------------------------------------------------------------------ the test cases
 
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("protocol", groups=API_GROUPS))
-def test_protocol(backend, world, device, kind, key_type):
-    run("protocol", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type",
-                         cases("lookups", kinds=("default",), key_types=("int64", "int32", "uint64", "float32", "float64"),
-                               groups=API_GROUPS)
-                         + cases("lookups", kinds=("default",), key_types=("int64", "float32"),
-                                 groups=[g for g in GROUPS if g not in API_GROUPS])
-                         + cases("lookups", kinds=UPDATABLE_KINDS))
-def test_lookups(backend, world, device, kind, key_type):
-    run("lookups", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("lookup_rows"))
-def test_lookup_rows(backend, world, device, kind, key_type):
-    run("lookup_rows", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("capped") + cases("capped", kinds=("default",), key_types=("uint64",), groups=API_GROUPS))
-def test_capped(backend, world, device, kind, key_type):
-    run("capped", backend, world, device, kind, key_type)
+CASES = (
+    cases("protocol", groups=API_GROUPS)
+    + cases("lookups", kinds=("default",), key_types=("int64", "int32", "uint64", "float32", "float64"),
+            groups=API_GROUPS)
+    + cases("lookups", kinds=("default",), key_types=("int64", "float32"),
+            groups=[g for g in GROUPS if g not in API_GROUPS])
+    + cases("lookups", kinds=UPDATABLE_KINDS)
+    + cases("lookup_rows")
+    + cases("capped") + cases("capped", kinds=("default",), key_types=("uint64",), groups=API_GROUPS)
+    + cases("aggregate", key_types=("float32",))
+    + cases("memory", groups=API_GROUPS)
+    + cases("capturable", groups=API_GROUPS)
+    + cases("state_dict", key_types=("uint64",))
+    + cases("pickle", groups=API_GROUPS)
+    + cases("not_implemented", groups=API_GROUPS)
+    + cases("updates", kinds=UPDATABLE_KINDS)
+    + cases("updates", kinds=UPDATABLE_KINDS, key_types=("float64",), groups=API_GROUPS)
+    + cases("same_batch_delete", kinds=UPDATABLE_KINDS)
+    + cases("insert_rows", kinds=UPDATABLE_KINDS)
+    + cases("dtype_policy", groups=API_GROUPS)
+    + cases("bad_input", groups=API_GROUPS)
+)
 
 
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("aggregate", key_types=("float32",)))
-def test_aggregate(backend, world, device, kind, key_type):
-    run("aggregate", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("memory", groups=API_GROUPS))
-def test_memory(backend, world, device, kind, key_type):
-    run("memory", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("capturable", groups=API_GROUPS))
-def test_capturable(backend, world, device, kind, key_type):
-    run("capturable", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("state_dict", key_types=("uint64",)))
-def test_state_dict(backend, world, device, kind, key_type):
-    run("state_dict", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("pickle", groups=API_GROUPS))
-def test_pickle(backend, world, device, kind, key_type):
-    run("pickle", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("not_implemented", groups=API_GROUPS))
-def test_not_implemented(backend, world, device, kind, key_type):
-    run("not_implemented", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type",
-                         cases("updates", kinds=UPDATABLE_KINDS)
-                         + cases("updates", kinds=UPDATABLE_KINDS, key_types=("float64",), groups=API_GROUPS))
-def test_updates(backend, world, device, kind, key_type):
-    run("updates", backend, world, device, kind, key_type, 0 if key_type == "int64" else 1)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("same_batch_delete", kinds=UPDATABLE_KINDS))
-def test_same_batch_delete(backend, world, device, kind, key_type):
-    run("same_batch_delete", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("insert_rows", kinds=UPDATABLE_KINDS))
-def test_insert_rows(backend, world, device, kind, key_type):
-    run("insert_rows", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("dtype_policy", groups=API_GROUPS))
-def test_dtype_policy(backend, world, device, kind, key_type):
-    run("dtype_policy", backend, world, device, kind, key_type)
-
-
-@pytest.mark.parametrize("backend,world,device,kind,key_type", cases("bad_input", groups=API_GROUPS))
-def test_bad_input(backend, world, device, kind, key_type):
-    run("bad_input", backend, world, device, kind, key_type)
+@pytest.mark.parametrize("check,backend,world,device,kind,key_type", CASES)
+def test_conformance(check, backend, world, device, kind, key_type):
+    """rank_<check> on every rank of a group: a test case per check, group, local index kind and key type, so that
+    one failure hides no other."""
+    run(check, backend, world, device, kind, key_type)

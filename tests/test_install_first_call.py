@@ -78,8 +78,9 @@ import torch
 def refuse(*args, **kwargs):
     raise AssertionError("CUDA was queried")
 
-# Every way torch_rtindex could ask the GPU (all initialise CUDA) refuses while the package is imported.
-names = ("get_device_capability", "get_device_properties", "_lazy_init", "init")
+# Every way torch_rtindex could ask the GPU (all initialise CUDA; is_available starts the driver) refuses while
+# the package is imported.
+names = ("get_device_capability", "get_device_properties", "_lazy_init", "init", "is_available")
 saved = {name: getattr(torch.cuda, name) for name in names}
 for name in saved:
     setattr(torch.cuda, name, refuse)
@@ -109,21 +110,19 @@ def test_jit_build_reads_the_gpu_architecture_without_initialising_cuda(monkeypa
     """A CUDA JIT build's digest covers the GPU's architecture and is computed at every import: read through
     NVML while CUDA is not initialised, through torch where NVML cannot tell."""
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", _refuse)  # it starts the driver: never asked
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    monkeypatch.setattr(_extension, "_nvml_capability", lambda index: (8, 6) if index == 0 else None)
-    spec = _extension.extension_spec(True)
+    spec = _extension.extension_spec(True, nvml=lambda: (8, 6))
     assert spec.program_arch == "sm_86" and "-gencode=arch=compute_86,code=sm_86" in spec.cuda_cflags
 
-    monkeypatch.setattr(_extension, "_nvml_capability", lambda index: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    spec = _extension.extension_spec(True)
+    spec = _extension.extension_spec(True, nvml=lambda: None)
     assert spec.program_arch == "sm_90" and "-gencode=arch=compute_90,code=sm_90" in spec.cuda_cflags
     # Once CUDA is initialised, torch answers (it is the current device's).
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(_extension, "_nvml_capability", _refuse)
-    assert _extension.extension_spec(True).program_arch == "sm_90"
+    assert _extension.extension_spec(True, nvml=_refuse).program_arch == "sm_90"
 
 
 def test_nvml_capability_is_none_where_nvml_cannot_tell(monkeypatch):
@@ -132,36 +131,78 @@ def test_nvml_capability_is_none_where_nvml_cannot_tell(monkeypatch):
     def no_library(name):
         raise OSError(f"{name}: cannot open shared object file")
 
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(ctypes, "CDLL", no_library)
-    assert _extension._nvml_capability(0) is None
+    assert _extension._nvml_capability() is None
+
+
+class _FakeNvml:
+    """libnvidia-ml's calls that _nvml_capability makes, over GPUs of the given capabilities (bus order)."""
+
+    def __init__(self, capabilities):
+        self.capabilities = capabilities
+
+    def nvmlInit_v2(self):
+        return 0
+
+    def nvmlShutdown(self):
+        return 0
+
+    def nvmlDeviceGetHandleByIndex_v2(self, index, handle):
+        handle._obj.value = index.value + 1
+        return 0
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle, major, minor):
+        major._obj.value, minor._obj.value = self.capabilities[handle.value - 1]
+        return 0
+
+
+@pytest.mark.parametrize("capabilities, order, want", [
+    ([(9, 0), (9, 0)], None, (9, 0)),         # alike: whatever the order
+    ([(7, 5), (8, 9)], None, None),           # mixed, CUDA's fastest-first order: NVML cannot say which is 0
+    ([(7, 5), (8, 9)], "PCI_BUS_ID", (7, 5)),  # mixed, CUDA numbers them by bus as NVML does
+])
+def test_nvml_capability_of_mixed_gpus(capabilities, order, want, monkeypatch):
+    import ctypes
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
+    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda i: i)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeNvml(capabilities))
+    if order is None:
+        monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
+    assert _extension._nvml_capability() == want
 
 
 @pytest.mark.parametrize("capability, arch", [((8, 0), "sm_80"), ((8, 9), "sm_86"), ((9, 0), "sm_90"),
                                               ((12, 0), "sm_100"), ((7, 5), "sm_80")])
 def test_program_arch_is_the_newest_the_gpu_runs(capability, arch):
     assert _extension.pick_program_arch(["sm_90", "sm_80", "sm_100", "sm_86"], capability) == arch
+    assert _extension.pick_program_arch(["sm_90a", "sm_80", "sm_100a", "sm_86"], capability) == arch + (
+        "a" if arch in ("sm_90", "sm_100") else "")
 
 
 def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
     """A wheel's OptiX programs for several architectures: none is chosen at load, the one for the GPU of the
-    first index that builds an OptiX scene then (register_optix_programs), once."""
-    info = _extension.load()
-    monkeypatch.setitem(info, "optix_programs", {})
+    first index that builds an OptiX scene then (ProgramChoice.register), once."""
     choices = {"rx": {"sm_80": "/w/rx.sm_80.optixir", "sm_90": "/w/rx.sm_90.optixir"},
                "cgrx": {"sm_80": "/w/cgrx.sm_80.optixir", "sm_90": "/w/cgrx.sm_90.optixir"}}
-    monkeypatch.setattr(_extension, "_program_choices", choices)
     registered = []  # the runtime's registry is process-wide: these made-up paths must not reach it
-    monkeypatch.setattr(torch.ops.rtindex_internal, "set_program_path",
-                        lambda name, path: registered.append((name, path)))
+    programs = _extension.ProgramChoice(lambda name, path: registered.append((name, path)))
+    programs.offer(choices)
+    info = {"optix_programs": {}}
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    _extension.register_optix_programs(torch.device("cpu"))  # a CPU index needs no programs
+    programs.register(torch.device("cpu"), info["optix_programs"])  # a CPU index needs no programs
     assert info["optix_programs"] == {}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9) if device.index == 1 else None)
-    _extension.register_optix_programs(torch.device("cuda", 1))
+    # One program set per process: chosen for its oldest GPU (device 0, sm_86, here), which every GPU runs.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: [(8, 6), (9, 0)][device])
+    programs.register(torch.device("cuda", 1), info["optix_programs"])
     assert info["optix_programs"] == {"rx": "/w/rx.sm_80.optixir", "cgrx": "/w/cgrx.sm_80.optixir"}
     assert sorted(registered) == sorted(info["optix_programs"].items())
     monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    _extension.register_optix_programs(torch.device("cuda", 0))  # registered already: nothing asked
+    programs.register(torch.device("cuda", 0), info["optix_programs"])  # registered already: nothing asked
     assert info["optix_programs"]["rx"] == "/w/rx.sm_80.optixir" and len(registered) == 2
 
 

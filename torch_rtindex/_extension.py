@@ -30,12 +30,15 @@ import importlib.util
 import json
 import os
 import shutil
+import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import torch
 
@@ -68,7 +71,6 @@ _KEEP_BUILDS = 8
 _STALE_AFTER_S = 24 * 3600
 
 _loaded: dict | None = None
-_program_choices: dict[str, dict[str, str]] = {}  # a prebuilt extension's OptiX programs by name, then arch
 _module = None  # the extension as a Python module: its bound lookups (csrc/bound_lookups.cpp)
 
 
@@ -171,63 +173,60 @@ class BuildSpec:
         return "cuda" if self.with_cuda else "cpu"
 
 
-def _nvml_capability(index: int) -> tuple[int, int] | None:
-    """The compute capability of CUDA device ``index`` (as this process numbers them) read through NVML, which
-    initialises no CUDA, as ``torch.cuda.device_count`` counts devices; None where NVML cannot tell."""
+def _nvml_capability() -> tuple[int, int] | None:
+    """The compute capability of the GPU a JIT build targets, read through NVML, which initialises no CUDA (as
+    ``torch.cuda.device_count`` counts devices): that of every visible device where they all agree, else that of
+    device 0 where CUDA numbers devices by PCI bus as NVML does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``); None where
+    NVML cannot tell (no NVML, devices it cannot map such as MIG, mixed GPUs in CUDA's default order)."""
     import ctypes
 
     try:
+        count = torch.cuda.device_count()
+        if count == 0:
+            return None
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        nvml_index = torch.cuda._get_nvml_device_index(index)  # honours CUDA_VISIBLE_DEVICES
+        indices = [torch.cuda._get_nvml_device_index(i) for i in range(count)]  # honours CUDA_VISIBLE_DEVICES
         if nvml.nvmlInit_v2() != 0:
             return None
+        found = []
         try:
-            handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
-            if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(nvml_index), ctypes.byref(handle)) != 0:
-                return None
-            if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
-                return None
+            for nvml_index in indices:
+                handle, major, minor = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+                if nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(nvml_index), ctypes.byref(handle)) != 0:
+                    return None
+                if nvml.nvmlDeviceGetCudaComputeCapability(handle, ctypes.byref(major), ctypes.byref(minor)) != 0:
+                    return None
+                found.append((major.value, minor.value))
         finally:
             nvml.nvmlShutdown()
-    except (OSError, AttributeError, RuntimeError, ValueError, TypeError, IndexError):
-        return None  # no NVML, or devices it cannot map (MIG): torch's own query answers
-    return (major.value, minor.value) if major.value > 0 else None
+    except Exception:  # noqa: BLE001  (whatever NVML or torch's mapping raises: torch's own query answers)
+        return None
+    if found[0][0] <= 0:
+        return None
+    if len(set(found)) == 1 or os.environ.get("CUDA_DEVICE_ORDER") == "PCI_BUS_ID":
+        return found[0]
+    return None  # CUDA's default order puts the fastest GPU first, NVML's the first on the bus
 
 
-def _local_capability() -> tuple[int, int] | None:
+def _local_capability(nvml: Callable[[], tuple[int, int] | None]) -> tuple[int, int] | None:
     """The compute capability of the GPU a JIT build targets (the current CUDA device), or None without one.
     The build's digest is computed at every import, and import must not initialise CUDA (a process that did
     cannot fork workers that use it): until something else has, the capability is read through NVML."""
-    if not torch.cuda.is_available():
-        return None
+    # Not torch.cuda.is_available(): it initialises the driver (cuInit), which is what import must not do.
     if not torch.cuda.is_initialized():
-        found = _nvml_capability(0)  # before CUDA is initialised the current device is device 0
+        found = nvml()  # before CUDA is initialised the current device is device 0
         if found is not None:
             return found
+    if torch.cuda.device_count() == 0:
+        return None
     return torch.cuda.get_device_capability()
 
 
-def _cuda_arch_flags() -> list[str]:
-    if os.environ.get("TORCH_CUDA_ARCH_LIST"):
-        return []  # cpp_extension reads it itself (and the digest records it)
-    capability = _local_capability()
-    if capability is not None:
-        major, minor = capability
-        return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
-    return ["-gencode=arch=compute_90,code=sm_90"]
-
-
-def _program_arch() -> str:
-    capability = _local_capability()
-    if capability is not None:
-        major, minor = capability
-        return f"sm_{major}{minor}"
-    return "sm_90"
-
-
-def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True) -> BuildSpec:
-    """The package's extension. ``jit_arch``: target this machine's GPU (the JIT build); a wheel build instead
-    leaves the architectures to ``TORCH_CUDA_ARCH_LIST`` (setup.py)."""
+def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True,
+                   nvml: Callable[[], tuple[int, int] | None] = _nvml_capability) -> BuildSpec:
+    """The package's extension. ``jit_arch``: target this machine's GPU (the JIT build; ``nvml`` reads its
+    capability while CUDA is not initialised); a wheel build instead leaves the architectures to
+    ``TORCH_CUDA_ARCH_LIST`` (setup.py)."""
     defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}"]
     # OpenMP: at::parallel_for is a header template whose `omp parallel` only exists where the including file is
     # compiled with -fopenmp; without it every CPU kernel runs on one core. The .cu files get it too, since inline
@@ -235,14 +234,18 @@ def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True) ->
     # The runtime is the libgomp torch already loaded (same soname), so torch.set_num_threads governs it.
     cflags = ["-O3", "-std=c++17", "-fopenmp", *defines]
     cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", *defines]
+    program_arch = ""
     if jit_arch and with_cuda:
-        cuda_flags += _cuda_arch_flags()
+        major, minor = _local_capability(nvml) or (9, 0)
+        program_arch = f"sm_{major}{minor}"
+        if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # else cpp_extension reads it (and the digest records it)
+            cuda_flags.append(f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}")
     return BuildSpec(
         name=f"torch_rtindex_{'cuda' if with_cuda else 'cpu'}", csrc=csrc,
         sources=tuple(_CPU_SOURCES + (_CUDA_SOURCES if with_cuda else [])),
         cflags=tuple(cflags), cuda_cflags=tuple(cuda_flags) if with_cuda else (), ldflags=("-ldl", "-fopenmp"),
         with_cuda=with_cuda, programs=tuple(_OPTIX_PROGRAMS.items()) if with_cuda else (),
-        program_arch=_program_arch() if with_cuda and jit_arch else "")
+        program_arch=program_arch)
 
 
 def _compilers(spec: BuildSpec) -> dict:
@@ -549,26 +552,53 @@ def pick_program_arch(archs: list[str], capability: tuple[int, int]) -> str:
     """The newest OptiX-IR arch a GPU of ``capability`` runs: the highest ``sm_XY`` not above it (the oldest
     one where none is)."""
     major, minor = capability
-    fits = [a for a in archs if int(a[3:]) <= major * 10 + minor]
-    return max(fits, key=lambda a: int(a[3:])) if fits else min(archs, key=lambda a: int(a[3:]))
+
+    def number(arch: str) -> int:  # sm_90 and sm_90a are both 90
+        return int(re.match(r"sm_(\d+)", arch)[1])
+
+    fits = [a for a in archs if number(a) <= major * 10 + minor]
+    return max(fits, key=number) if fits else min(archs, key=number)
+
+
+class ProgramChoice:
+    """A prebuilt extension's OptiX programs by name, then architecture, chosen once and registered through
+    ``set_path(name, path)`` before the first OptiX scene is built (its pipeline is made at its first lookup).
+    Choosing asks the GPU for its capability, which import must not do: that would initialise CUDA in every
+    process that imports the package, and a process that did cannot fork workers that use CUDA. The runtime
+    keeps one program set per name, so they are chosen for the oldest GPU of the process (OptiX-IR of an older
+    architecture runs on a newer one). A JIT build's programs target this GPU and are registered at load."""
+
+    def __init__(self, set_path: Callable[[str, str], None]) -> None:
+        self._set_path = set_path
+        self._pending: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()  # two threads building their first OptiX indexes choose once
+
+    def offer(self, choices: dict[str, dict[str, str]]) -> None:
+        self._pending.update(choices)
+
+    def register(self, device: torch.device, chosen: dict[str, str]) -> None:
+        """Chooses and registers the offered programs for an OptiX scene on ``device`` (nothing for a CPU
+        index, nothing once done), recording each in ``chosen``."""
+        if device.type != "cuda" or not self._pending:
+            return
+        with self._lock:
+            if not self._pending:
+                return
+            capability = min(torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count()))
+            for name, by_arch in sorted(self._pending.items()):
+                path = by_arch[pick_program_arch(list(by_arch), capability)]
+                self._set_path(name, path)
+                chosen[name] = path
+            self._pending = {}
+
+
+_programs = ProgramChoice(lambda name, path: torch.ops.rtindex_internal.set_program_path(name, path))
 
 
 def register_optix_programs(device: torch.device) -> None:
-    """Registers the OptiX programs of a prebuilt extension with the OptiX runtime, for ``device``'s
-    architecture, before the first OptiX scene is built (its pipeline is made at its first lookup). Choosing
-    among the wheel's architectures asks the GPU for its capability, which import must not do: that would
-    initialise CUDA in every process that imports the package, and a process that did cannot fork workers that
-    use CUDA. A JIT build's programs target this GPU and are registered at load. Once per process: the runtime
-    keeps one program set per name."""
-    if device.type != "cuda" or not _program_choices:
-        return
-    info = load()
-    capability = torch.cuda.get_device_capability(device)
-    for name, by_arch in sorted(_program_choices.items()):
-        path = by_arch[pick_program_arch(list(by_arch), capability)]
-        torch.ops.rtindex_internal.set_program_path(name, path)
-        info["optix_programs"][name] = path
-    _program_choices.clear()
+    """The prebuilt extension's OptiX programs registered before the first OptiX scene on ``device`` (see
+    :class:`ProgramChoice`); ``load()["optix_programs"]`` then names them."""
+    _programs.register(device, load()["optix_programs"])
 
 
 def _load_prebuilt() -> tuple[ModuleType, dict] | str:
@@ -581,8 +611,8 @@ def _load_prebuilt() -> tuple[ModuleType, dict] | str:
         return why
     module = _import_library(recorded["name"], _PACKAGE_DIR / recorded["library"])
     # The architecture of the programs is chosen by the first OptiX index (register_optix_programs).
-    _program_choices.update({prog: {arch: str(_PACKAGE_DIR / rel) for arch, rel in by_arch.items()}
-                             for prog, by_arch in recorded.get("optix_programs", {}).items()})
+    _programs.offer({prog: {arch: str(_PACKAGE_DIR / rel) for arch, rel in by_arch.items()}
+                    for prog, by_arch in recorded.get("optix_programs", {}).items()})
     info = {"digest": recorded["sources_digest"], "backend": recorded["backend"], "kind": "prebuilt",
             "path": str(_PACKAGE_DIR / recorded["library"]), "optix_programs": {},
             "torch": recorded["torch"]["version"], "cuda_arch_list": recorded.get("cuda_arch_list")}

@@ -39,9 +39,14 @@ CGRX_SCENE = SceneConfig(23, 23, 18, 15, 25)  # the paper's scaled mapping: y * 
 LAYOUTS = {name: LAYOUT_CODES[name] for name in get_args(PairsLayout)}  # the read-only index's layouts
 
 
+# Compute capabilities whose GPUs have no RT cores (V100; A100, A30; H100, H200, GH200; B200, GB200): there the
+# default needs no answer from OptiX, whose first device context costs tens of milliseconds of a first build.
+NO_RT_CORES = frozenset({(7, 0), (8, 0), (9, 0), (10, 0)})
+
+
 def default_backend(device: torch.device) -> str:
     """OptiX rays where the GPU has RT cores, the radix table everywhere else."""
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) not in NO_RT_CORES:
         from . import optix_info
 
         try:

@@ -5,22 +5,26 @@
 #   STAGES="build cgrx small" bash benchmarks/lab/grid_ab.sh BEFORE_DIR [OTHER_DIR ...]
 #
 # Stages (run in the order given; BUDGET_S, default 540, stops starting stages and rounds after that many seconds):
-#   build       each tree's CUDA extension, side by side (before / tree1 ... in .build/ab/<name>, the working tree
+#   build       each tree's CUDA extension, side by side (each in .build/ab/<its name>, the working tree
 #               in .build, the folder gpu_check.sh uses), and the benches' baselines
 #   cgrx        cgrx_bench.py, 2^26 keys, 2^27 lookups, radix B=16 (default configuration), point lookups, the
 #               project's hash table; ROUNDS (default 2) rounds, the order reversed every other round
 #   small       small_batch_bench.py, 2^24 keys, 2^4 .. 2^24 queries, eager and CUDA-graph replay
-#   uniform27   chunked_bench.py, 2^30 keys, budget a quarter, six fresh uniform 2^27 batches after two training
+#   uniform27   chunked_bench.py, 2^30 keys, budget a quarter, six fresh uniform 2^27 batches after two training,
+#               served by the hybrid and by the GPU alone
+#               (the tree before this phase printed no batch within 200 s after its 44 s build on two H200s: up
+#               to UNIFORM_LIMIT_S, default 420 s, a tree; a call of its own)
 #   sharded     sharded_bench.py on every GPU under torchrun, weak scaling, pipelined (8 chunks), 3 repeats
 #   sharded_embedding  sharded_embedding_bench.py on every GPU under torchrun: 2^10, 2^14, 2^17 IDs per rank, eager
 #               and CUDA-graph forms against two plain all-to-alls; ROUNDS rounds, the order reversed every other
 #   first_call  first_call.py per tree (fresh processes: import, first and second build and lookup)
 #
 # Trees: BEFORE_DIR and OTHER_DIRs hold torch_rtindex/ and csrc/ (a `git archive` of a commit, unpacked); the
-# working tree is "current", measured last in odd rounds. cgrx, small and first_call run the working tree's
+# working tree is "current", measured last in odd rounds; the others are named by their folders' names. cgrx, small and first_call run the working tree's
 # scripts (public API only) over each tree (RTINDEX_TREE); uniform27, sharded and sharded_embedding run each tree's own
 # benchmarks/ scripts where it has them (their library options changed), else the working tree's. Logs go to
-# $OUT (the device call's folder) or /tmp/grid_ab.
+# $OUT or /tmp/grid_ab. A device call brings back at most 8 files: there, point OUT at a scratch folder and send
+# this script's stdout (every run's summary lines) into the call's own $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -34,7 +38,8 @@ i=0
 for d in "$@"; do
   d=$(cd "$d" && pwd) || exit 2
   [ -f "$d/torch_rtindex/__init__.py" ] && [ -d "$d/csrc" ] || { echo "$d: no torch_rtindex/ and csrc/ there" >&2; exit 2; }
-  if [ $i -eq 0 ]; then names+=(before); else names+=("tree$i"); fi
+  n=$(basename "$d"); [ "$n" = current ] && n=current_$i  # a tree is named by its folder (.ab/before: "before")
+  names+=("$n")
   paths+=("$d")
   i=$((i + 1))
 done
@@ -101,10 +106,10 @@ print('${names[$t]}: built in %.0f s from' % (time.time() - t0), torch_rtindex._
     uniform27)
       for t in $(order 1); do
         over "uniform27 ${names[$t]}" && continue
-        in_tree "$t" timeout 200 python3 "$(script "$t" chunked_bench.py)" --log-keys 30 --log-lookups 27 --zipf "" \
-          --repeats 6 --train-batches 2 --modes chunked --out "$out/uniform27_${names[$t]}" \
+        in_tree "$t" timeout "${UNIFORM_LIMIT_S:-420}" python3 "$(script "$t" chunked_bench.py)" --log-keys 30 --log-lookups 27 --zipf "" \
+          --repeats 6 --train-batches 2 --modes chunked,gpu_only --out "$out/uniform27_${names[$t]}" \
           > "$out/uniform27_${names[$t]}.log" 2>&1
-        echo "uniform27 ${names[$t]} (rc $?)"; grep -E "batch [0-9]|^chunked|^in_core" "$out/uniform27_${names[$t]}.log" \
+        echo "uniform27 ${names[$t]} (rc $?)"; grep -E "batch [0-9]|^chunked|^gpu_only|^in_core" "$out/uniform27_${names[$t]}.log" \
           | sed -E 's/  (gpu|hot|rebuilds|gc) .*//'
       done
       ;;

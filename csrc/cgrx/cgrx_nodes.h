@@ -267,6 +267,38 @@ RTX_HD Applied apply_bucket(const Nodes& ns, uint64_t b, const BucketBatch& batc
 
 namespace rtindex::cgrx {
 
+// The bulk load's buckets: about per = node_size / 2 pairs each (the paper's half-full nodes), never splitting a
+// run of equal keys. Candidate j < n / per ends its bucket where the run of the key at position (j + 1) * per - 1
+// ends; the last candidate, at the last pair. Candidates whose runs end at one pair make one bucket. `sorted`:
+// the n >= 1 ordered keys ascending.
+RTX_HD uint64_t load_candidates(uint64_t n, uint64_t per) { return n / per + 1; }
+
+RTX_HD uint64_t load_candidate_end(const uint64_t* sorted, uint64_t n, uint64_t per, uint64_t j) {
+  const uint64_t c = j + 1 < load_candidates(n, per) ? (j + 1) * per - 1 : n - 1;
+  const uint64_t k = sorted[c];
+  uint64_t lo = c + 1, hi = n;  // the first position past c holding a larger key
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (sorted[mid] <= k) lo = mid + 1; else hi = mid;
+  }
+  return lo - 1;
+}
+
+// Whether candidate j starts a new bucket (its run ends past the previous candidate's).
+RTX_HD bool load_candidate_kept(const int64_t* candidate_ends, uint64_t j) {
+  return j == 0 || candidate_ends[j] != candidate_ends[j - 1];
+}
+
+// Bucket b's slice of the sorted pairs from the buckets' last positions, and the nodes it needs beyond its own.
+struct LoadSlice {
+  uint64_t start, count, extra;
+};
+RTX_HD LoadSlice load_slice(const int64_t* ends, uint64_t b, uint32_t node_size) {
+  const uint64_t start = b == 0 ? 0 : static_cast<uint64_t>(ends[b - 1]) + 1;
+  const uint64_t count = static_cast<uint64_t>(ends[b]) + 1 - start;
+  return {start, count, nodes_needed(count, node_size) - 1};
+}
+
 // Bulk load of bucket b: `count` sorted pairs starting at `start`, into node b and then nodes first_extra,
 // first_extra + 1, ... (packed).
 RTX_HD void load_bucket(const Nodes& ns, uint64_t b, const uint64_t* keys, const int32_t* rows, uint64_t start,

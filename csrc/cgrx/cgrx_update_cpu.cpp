@@ -2,29 +2,72 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "../core/sort.h"
 #include "cgrx_radix_build.h"
 #include "cgrx_update_args.h"
 
 namespace rtindex::cgrx {
 namespace {
 
+// The bulk load's steps on the CPU (cgrx_update.h load).
+struct CpuLoad {
+  // Row first, then a stable sort by key, both unsigned through a signed sort with the top bit flipped.
+  static std::pair<at::Tensor, at::Tensor> sort_pairs(const at::Tensor& keys, const at::Tensor& rows) {
+    const at::Tensor by_row = unsigned_row_order(rows);
+    const at::Tensor k = keys.index_select(0, by_row), r = rows.index_select(0, by_row);
+    auto [sorted_k, by_key] = sort_ordered(k);
+    return {sorted_k, r.index_select(0, by_key)};
+  }
+
+  static update::BucketPlan plan(const at::Tensor& sorted, int64_t node_size) {
+    const uint64_t n = static_cast<uint64_t>(sorted.numel());
+    const uint64_t per = std::max<int64_t>(1, node_size / 2);
+    const uint64_t candidates = load_candidates(n, per);
+    const uint64_t* sk = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
+    std::vector<int64_t> candidate_ends(candidates), ends;
+    at::parallel_for(0, static_cast<int64_t>(candidates), 4096, [&](int64_t j0, int64_t j1) {
+      for (int64_t j = j0; j < j1; ++j) candidate_ends[j] = static_cast<int64_t>(load_candidate_end(sk, n, per, j));
+    });
+    for (uint64_t j = 0; j < candidates; ++j)
+      if (load_candidate_kept(candidate_ends.data(), j)) ends.push_back(candidate_ends[j]);
+    const int64_t m = static_cast<int64_t>(ends.size());
+    const auto opts = sorted.options();
+    at::Tensor reps = at::empty({m}, opts), starts = at::empty({m}, opts), counts = at::empty({m}, opts);
+    at::Tensor extra_before = at::empty({m}, opts);
+    int64_t total = 0;
+    for (int64_t b = 0; b < m; ++b) {
+      const LoadSlice s = load_slice(ends.data(), b, static_cast<uint32_t>(node_size));
+      reps.data_ptr<int64_t>()[b] = static_cast<int64_t>(sk[ends[b]]);
+      starts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.start);
+      counts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.count);
+      extra_before.data_ptr<int64_t>()[b] = total;
+      total += static_cast<int64_t>(s.extra);
+    }
+    return {reps, starts, counts, extra_before, total};
+  }
+
+  static void fill(at::Tensor& nodes, int64_t node_size, const at::Tensor& keys, const at::Tensor& rows,
+                   const update::BucketPlan& plan) {
+    const int64_t m = plan.reps.numel();
+    const Nodes ns = update::nodes_view(nodes, node_size, m);
+    const uint64_t* kp = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
+    const int32_t* rp = rows.data_ptr<int32_t>();
+    const int64_t* sp = plan.starts.data_ptr<int64_t>();
+    const int64_t* cp = plan.counts.data_ptr<int64_t>();
+    const int64_t* ep = plan.extra_before.data_ptr<int64_t>();
+    at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
+      for (int64_t b = b0; b < e; ++b) load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(m + ep[b]));
+    });
+  }
+};
+
 // `used` is a SymInt in the schema (data dependent: an unbacked size for the fake kernel).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, c10::SymInt> nodes_load_cpu(const at::Tensor& keys, const at::Tensor& rows,
                                                                            int64_t node_size, double growth) {
-  auto loaded = update::load(keys, rows, node_size, growth,
-                             [](at::Tensor& nodes, int64_t N, int64_t m, const at::Tensor& k, const at::Tensor& r,
-                                const at::Tensor& starts, const at::Tensor& counts, const at::Tensor& first_extra) {
-                               const Nodes ns = update::nodes_view(nodes, N, m);
-                               const uint64_t* kp = reinterpret_cast<const uint64_t*>(k.data_ptr<int64_t>());
-                               const int32_t* rp = r.data_ptr<int32_t>();
-                               const int64_t* sp = starts.data_ptr<int64_t>();
-                               const int64_t* cp = counts.data_ptr<int64_t>();
-                               const int64_t* fp = first_extra.data_ptr<int64_t>();
-                               at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
-                                 for (int64_t b = b0; b < e; ++b)
-                                   load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(fp[b]));
-                               });
-                             });
+  auto loaded = update::load<CpuLoad>(keys, rows, node_size, growth);
   return {loaded.nodes, loaded.reps, build_radix_table_cpu(loaded.reps), c10::SymInt(loaded.used)};
 }
 

@@ -1,14 +1,17 @@
-// The build's sort on CUDA in bounded memory: the caller's keys, mapped to ordered keys where they are read,
-// sorted with their 32-bit positions by CUB's radix sort over two double buffers. Keys of the 32-bit key types
-// stay 32-bit. The buffers the sort ends in are kept, the other two freed at once, so a build holds at most
+// The builds' sorts and scans on CUDA, with CUB compiled into the extension (a first build then loads none of
+// torch's kernels for them). The read-only build's sort, in bounded memory: the caller's keys, mapped to ordered
+// keys where they are read, sorted with their 32-bit positions by CUB's radix sort over two double buffers. Keys
+// of the 32-bit key types stay 32-bit. The buffers the sort ends in are kept, the other two freed at once, so a build holds at most
 // 2 x (key width + 4) bytes per key while sorting (at::sort's stable sort of int64 keys needs about 48).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "cuda_utils.h"
 #include "key_dispatch.h"
@@ -71,6 +74,39 @@ inline SortedPositions sort_positions_cuda(const at::Tensor& keys, int64_t key_t
   const at::Tensor in = keys.contiguous();
   return narrow_key_type(key_type_from_int(key_type)) ? sort_positions_as<uint32_t>(in, key_type, true)
                                                       : sort_positions_as<uint64_t>(in, key_type, false);
+}
+
+// (ordered key, row ID) pairs sorted by unsigned key, then unsigned row ID: a stable radix sort by row with the
+// keys carried, then one by key with the rows carried (the updatable index's bulk load). keys: uint64 values in
+// int64 storage; rows: uint32 values in int32 storage; neither is written.
+inline std::pair<at::Tensor, at::Tensor> sort_key_row_pairs_cuda(const at::Tensor& keys, const at::Tensor& rows) {
+  const int64_t n = keys.numel();
+  TORCH_CHECK(keys.is_contiguous() && rows.is_contiguous() && rows.numel() == n, "keys and rows: contiguous, one each");
+  at::Tensor k[2] = {at::empty_like(keys), at::empty_like(keys)};
+  at::Tensor r[2] = {at::empty_like(rows), at::empty_like(rows)};
+  if (n == 0) return {k[0], r[0]};
+  const cudaStream_t stream = current_stream();
+  C10_CUDA_CHECK(cudaMemcpyAsync(k[0].data_ptr(), keys.data_ptr(), n * sizeof(uint64_t), cudaMemcpyDeviceToDevice, stream));
+  C10_CUDA_CHECK(cudaMemcpyAsync(r[0].data_ptr(), rows.data_ptr(), n * sizeof(uint32_t), cudaMemcpyDeviceToDevice, stream));
+  auto words = [](at::Tensor& t) { return reinterpret_cast<uint64_t*>(t.data_ptr<int64_t>()); };
+  auto ids = [](at::Tensor& t) { return reinterpret_cast<uint32_t*>(t.data_ptr<int32_t>()); };
+  cub::DoubleBuffer<uint64_t> dk(words(k[0]), words(k[1]));
+  cub::DoubleBuffer<uint32_t> dr(ids(r[0]), ids(r[1]));
+  size_t by_row = 0, by_key = 0;
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, by_row, dr, dk, n, 0, 32, stream));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, by_key, dk, dr, n, 0, 64, stream));
+  at::Tensor scratch = at::empty({static_cast<int64_t>(std::max(by_row, by_key))}, keys.options().dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_row, dr, dk, n, 0, 32, stream));
+  C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_key, dk, dr, n, 0, 64, stream));
+  return {k[dk.selector], r[dr.selector]};
+}
+
+// Exclusive prefix sums of n int64 values on the current stream (CUB, compiled into the extension).
+inline void exclusive_sum_cuda(const int64_t* in, int64_t* out, int64_t n, const at::TensorOptions& opts) {
+  size_t bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, in, out, n, current_stream()));
+  at::Tensor scratch = at::empty({static_cast<int64_t>(bytes)}, opts.dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scratch.data_ptr(), bytes, in, out, n, current_stream()));
 }
 
 }  // namespace rtindex

@@ -3,7 +3,7 @@ on hybrid resources" (EG 2009; notes in ../shared/docs/PAPERS-NOTES.md).
 
 The keys are cut into key-range **chunks** (:mod:`.build`); each chunk is a cgRX structure over its keys in global
 row order, or with ``updatable=True`` the node chains of :class:`~torch_rtindex.UpdatableCgRXIndex`. Every chunk
-lives in host memory (pinned where CUDA is available) as one contiguous blob (:mod:`.store`); a **cache** on the
+lives in host memory (pinned when the index serves a GPU) as one contiguous blob (:mod:`.store`); a **cache** on the
 fast device holds whole chunks, none twice, within a byte budget (:mod:`.cache`). A batch is partitioned into one
 queue per chunk and served by the GPU and the CPU at once (:mod:`.executor`), each queue assigned by a greedy
 makespan balance (:mod:`.planner`) over measured rates (:mod:`.cost`, :mod:`.calibration`). A GPU-resident **hot
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from .._base import VALUE_DTYPES, _ops, check_capacity
+from .._base import VALUE_DTYPES, _ops, check_bool, check_capacity
 from .._keys import KEY_TYPES, check_key_tensor, check_queries, flip_sign, resolve_key_type
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from .build import Builder
@@ -53,6 +53,17 @@ def _option(name: str, doc: str, settable: bool = False) -> property:
         self._reconfigure(**{name: value})
 
     return property(get, put if settable else None, doc=doc)
+
+
+def _hot_flag(name: str, attr: str, doc: str) -> property:
+    """A flag of the hot tier (its attribute ``attr``), settable with True or False."""
+    def get(self: "ChunkedIndex") -> bool:
+        return getattr(self._hot, attr)
+
+    def put(self: "ChunkedIndex", value: bool) -> None:
+        setattr(self._hot, attr, check_bool(value, name))
+
+    return property(get, put, doc=doc)
 
 
 class ChunkedIndex:
@@ -162,7 +173,7 @@ class ChunkedIndex:
         config = options.resolved()
         self._options, self._config = options, config  # as given (for a move to another device), as resolved
         self.key_type, self.key_dtype = key_type, key_dtype
-        pin = torch.cuda.is_available()
+        pin = config.device.type == "cuda"  # pinning starts CUDA: a CPU index on a GPU machine need not
         self._stats = Stats()
         self._store = ChunkStore(config, key_type, key_dtype, pin, self._stats)
         self._builder = Builder(config, key_type, pin)
@@ -234,27 +245,10 @@ class ChunkedIndex:
     in_place_window = _option("in_place_window", "Lookups in flight in one in-place launch (0: no limit).", True)
     cpu_group_queries = _option("cpu_group_queries", "Queries per grouped CPU call.", True)
 
-    @property
-    def hot_tier(self) -> bool:
-        """Whether point batches use the hot tier (False serves every query through the chunks; the tier is kept)."""
-        return self._hot.enabled
-
-    @hot_tier.setter
-    def hot_tier(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"hot_tier must be True or False, got {value!r}")
-        self._hot.enabled = value
-
-    @property
-    def hot_learn(self) -> bool:
-        """Whether point batches teach the hot tier its keys (False keeps them as they are; see :meth:`warm`)."""
-        return self._hot.learning
-
-    @hot_learn.setter
-    def hot_learn(self, value: bool) -> None:
-        if not isinstance(value, bool):
-            raise TypeError(f"hot_learn must be True or False, got {value!r}")
-        self._hot.learning = value
+    hot_tier = _hot_flag("hot_tier", "enabled", "Whether point batches use the hot tier (False serves every query "
+                         "through the chunks; the tier is kept).")
+    hot_learn = _hot_flag("hot_learn", "learning", "Whether point batches teach the hot tier its keys (False keeps "
+                          "them as they are; see :meth:`warm`).")
 
     @property
     def hot_capacity(self) -> int:
@@ -270,14 +264,16 @@ class ChunkedIndex:
     @property
     def hot_pair_bytes(self) -> int:
         """The hot tier's bytes per (key, row ID) pair now: its cgRX pair, search part and, once row IDs reach
-        2^32, a row map entry. ``hot_keys`` is priced at these, plus a learning candidate's few bytes
-        (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier learns."""
+        2^32, a row map entry. ``hot_keys`` was priced at these when the tier's room was reserved, plus a learning
+        candidate's few bytes (:data:`torch_rtindex.chunked.hot_tier.HOT_CANDIDATE_BYTES`) per key while the tier
+        learns."""
         return self._hot.pair_bytes()
 
     @property
     def hot_tier_keys(self) -> torch.Tensor:
         """The keys the hot tier holds now, most important first, as keys of :attr:`key_dtype` on the CPU (empty
-        while there is no tier)."""
+        while there is no tier, also from an update until the next point batch rebuilds the tier; a float
+        ``-0.0`` comes back as ``0.0``, the key it equals)."""
         if self._hot.tier is None:
             return torch.empty(0, dtype=self.key_dtype)
         ordered = flip_sign(self._hot.keys().cpu())  # the tier keeps flipped ordered keys

@@ -85,11 +85,11 @@ class Builder:
 
     def from_pairs(self, keys: torch.Tensor, rows: torch.Tensor) -> tuple[list[Chunk], int]:
         """The chunks over (ordered key, row ID) pairs on the CPU (a state's), and one past the largest row ID.
-        Row IDs must be distinct and non-negative."""
+        Row IDs must be non-negative; several keys may share one (an insert may give a row in use)."""
         # (key, row ID) order: by row, then stably by key.
         by_row = torch.sort(rows, stable=True)
-        if rows.numel() and (int(by_row.values[0]) < 0 or bool((by_row.values[1:] == by_row.values[:-1]).any())):
-            raise ValueError("the state's rows must be distinct non-negative row IDs")
+        if rows.numel() and int(by_row.values[0]) < 0:
+            raise ValueError("the state's rows must be non-negative row IDs")
         end = int(by_row.values[-1]) + 1 if rows.numel() else 0
         sf, perm = torch.sort(keys.index_select(0, by_row.indices) ^ TOP, stable=True)
         pos = by_row.values.index_select(0, perm)

@@ -82,7 +82,7 @@ class Chunk:
         self.lo = lo  # the range's first ordered key (int64 bit pattern); chunk 0's is ignored (it starts at 0)
         self.n, self.base, self.kmin, self.kmax = n, base, kmin, kmax
         self.specs, self.nbytes = specs, size
-        self.host = host  # uint8 blob (pinned where CUDA is available), None until loaded from `file`
+        self.host = host  # uint8 blob (pinned when the index serves a GPU), None until loaded from `file`
         self.file = file  # {"path", "size", "crc32"} when the chunk is (also) in a saved directory
         self.heat = 0.0
         self.host_view: ChunkView | None = None
