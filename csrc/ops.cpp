@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cgrx/cgrx_args.h"
+#include "distributed/partition_checks.h"
 #include "rx/rx_args.h"
 
 #if RTINDEX_WITH_CUDA
@@ -82,7 +83,8 @@ const std::vector<at::Tag> kNoTags{};
 
 // The enums and configuration layouts the Python package mirrors (torch_rtindex/_config.py checks them at
 // import, so a change on one side cannot silently shift the meaning of an integer on the other). The enums'
-// names and values come from their definitions (core/config.h enum_schema).
+// names and values come from their definitions (core/config.h enum_schema); last, the width of the header that
+// partition_padded writes in front of each owner's block.
 std::string config_schema() {
   using rtindex::enum_schema;
   namespace cgrx = rtindex::cgrx;
@@ -90,7 +92,8 @@ std::string config_schema() {
          ";backend:" + enum_schema<cgrx::Backend>() + ";bucket_search:" + enum_schema<cgrx::BucketSearch>() +
          ";representation:" + enum_schema<cgrx::Representation>() +
          ";cgrx_config:" + rtindex::config_fields_schema(cgrx::kCgrxConfigFields) +
-         ";rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields);
+         ";rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields) +
+         ";padded_header:" + std::to_string(rtindex::kPaddedHeader);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ import torch
 from keysets import keys_of_type
 
 from torch_rtindex import _extension
-from torch_rtindex._fake import PADDED_HEADER
+from torch_rtindex._config import PADDED_HEADER
 from torch_rtindex._keys import KEY_TYPES
 
 _extension.load()  # the operators are registered by the extension
@@ -138,6 +138,18 @@ def test_partition_padded_errors(device):
         internal.partition_padded(q, 0, sp, 2**62)
     block, slots = internal.partition_padded(q[:0], 0, sp, 4)
     assert block.shape == (2, PADDED_HEADER + 4) and slots.numel() == 0 and not block.any()
+
+
+def test_padded_header_is_the_extensions():
+    """The Python exchange reads the header partition_padded writes by the width the extension exports; the
+    import check refuses a Python side whose width differs, naming both."""
+    from torch_rtindex import _config
+
+    _config.check_against_extension()
+    wider = _config._schema().replace(f"padded_header:{PADDED_HEADER}", f"padded_header:{PADDED_HEADER + 1}")
+    with pytest.raises(RuntimeError, match=f"C\\+\\+ 'padded_header:{PADDED_HEADER}' vs Python "
+                                           f"'padded_header:{PADDED_HEADER + 1}'"):
+        _config.check_against_extension(wider)
 
 
 def test_gather_answers(device, gen):

@@ -1,7 +1,7 @@
 """The typed configuration every index hands its lookup operators: the operators' codes of the option names
-(torch_rtindex/index.py spells them) and the packed ``int config`` layouts (csrc/ops.cpp ``config_schema``,
-csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h), checked against the C++ side when the package is imported, so an
-integer never silently changes its meaning."""
+(torch_rtindex/index.py spells them), the packed ``int config`` layouts (csrc/ops.cpp ``config_schema``,
+csrc/cgrx/cgrx_args.h, csrc/rx/rx_args.h) and the fixed-capacity exchange's block header, checked against the C++
+side when the package is imported, so an integer never silently changes its meaning."""
 
 from __future__ import annotations
 
@@ -44,6 +44,11 @@ SCENE_FIELDS = (("scene_bits_x", 5), ("scene_bits_y", 5), ("scene_scale_y_log2",
 CGRX_CONFIG_FIELDS = (("key_type", 3), ("layout", 2), ("bucket_search", 1), ("backend", 2), *SCENE_FIELDS,
                       ("bucket_size", 31), ("spare_rows", 1), ("cold", 1))
 RX_CONFIG_FIELDS = (("key_type", 3), ("unique_keys", 1), *SCENE_FIELDS, ("max_range_rays", 31))
+
+# The header columns (count, overflow flag, status) in front of each owner's keys in the sharded index's
+# fixed-capacity exchange block, which partition_padded writes (kPaddedHeader in
+# csrc/distributed/partition_checks.h).
+PADDED_HEADER = 3
 
 
 def pack(fields: tuple[tuple[str, int], ...], **values: int) -> int:
@@ -89,10 +94,12 @@ def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list
 
 
 def _schema() -> str:
-    """config_schema()'s format: each enum's "name=code" pairs, then each configuration's "field:bits"."""
+    """config_schema()'s format: each enum's "name=code" pairs, then each configuration's "field:bits", then the
+    exchange block's header width."""
     parts = [f"{name}:" + ",".join(f"{n}={c}" for n, c in table.items()) for name, table in _ENUMS]
     parts += [f"{name}:" + ",".join(f"{f}:{bits}" for f, bits in fields)
               for name, fields in (("cgrx_config", CGRX_CONFIG_FIELDS), ("rx_config", RX_CONFIG_FIELDS))]
+    parts.append(f"padded_header:{PADDED_HEADER}")
     return ";".join(parts)
 
 
@@ -105,5 +112,6 @@ def check_against_extension(python: str | None = None) -> None:
         raise RuntimeError(
             "torch_rtindex: the compiled extension's enums or configuration layouts differ from the Python "
             f"package's: {'; '.join(differ) or (native, python)}. A stale build: delete the build cache and import "
-            "again; a changed C++ enum: list its names in that order in torch_rtindex/index.py"
+            "again; a changed C++ enum: list its names in that order in torch_rtindex/index.py; a changed layout: "
+            "mirror it in torch_rtindex/_config.py"
         )

@@ -10,9 +10,7 @@ from __future__ import annotations
 import torch
 from torch.library import register_fake
 
-# partition_padded's header columns before each owner's keys (count, overflow flag, status): the fixed-capacity
-# exchange's header (kPaddedHeader in csrc/distributed/partition_checks.h).
-PADDED_HEADER = 3
+from ._config import PADDED_HEADER
 
 
 def _dynamic_size() -> torch.SymInt:

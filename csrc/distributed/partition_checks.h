@@ -13,7 +13,8 @@ namespace rtindex {
 
 // The CUDA kernel keeps the splitters and one counter per bucket in shared memory.
 constexpr int64_t kMaxPartitionBuckets = 2048;
-// partition_padded's header columns before each owner's keys: count, overflow flag, status.
+// partition_padded's header columns before each owner's keys: count, overflow flag, status. Exported by
+// config_schema() (ops.cpp); torch_rtindex/_config.py's PADDED_HEADER is checked against it at import.
 constexpr int64_t kPaddedHeader = 3;
 
 inline void check_partition_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,

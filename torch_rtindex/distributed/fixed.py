@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._fake import PADDED_HEADER
+from .._config import PADDED_HEADER
 from .._grouping import MAX_CUDA_BUCKETS
 from .._keys import KEY_TYPES, flip_sign
 from . import exchange, forms, header, points, routing, stages
