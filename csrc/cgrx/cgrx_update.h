@@ -43,6 +43,7 @@ inline Loaded load(const at::Tensor& keys, const at::Tensor& rows, int64_t node_
   check_node_size(node_size);
   TORCH_CHECK(rows.dim() == 1 && rows.numel() == keys.numel() && rows.scalar_type() == at::kInt,
               "rows must be int32 row IDs, one per key");
+  check_same_device(keys, rows, "keys", "rows");
   TORCH_CHECK(growth >= 1.0, "growth must be at least 1");
   const auto opts = keys.options();
   at::Tensor sorted_k = keys, sorted_r = rows;

@@ -37,13 +37,17 @@ struct CpuLoad {
     const auto opts = sorted.options();
     at::Tensor reps = at::empty({m}, opts), starts = at::empty({m}, opts), counts = at::empty({m}, opts);
     at::Tensor extra_before = at::empty({m}, opts);
+    int64_t* rp = reps.data_ptr<int64_t>();
+    int64_t* sp = starts.data_ptr<int64_t>();
+    int64_t* cp = counts.data_ptr<int64_t>();
+    int64_t* ep = extra_before.data_ptr<int64_t>();
     int64_t total = 0;
     for (int64_t b = 0; b < m; ++b) {
       const LoadSlice s = load_slice(ends.data(), b, static_cast<uint32_t>(node_size));
-      reps.data_ptr<int64_t>()[b] = static_cast<int64_t>(sk[ends[b]]);
-      starts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.start);
-      counts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.count);
-      extra_before.data_ptr<int64_t>()[b] = total;
+      rp[b] = static_cast<int64_t>(sk[ends[b]]);
+      sp[b] = static_cast<int64_t>(s.start);
+      cp[b] = static_cast<int64_t>(s.count);
+      ep[b] = total;
       total += static_cast<int64_t>(s.extra);
     }
     return {reps, starts, counts, extra_before, total};

@@ -109,6 +109,10 @@ struct CudaLoad {
                                                                       kept.data_ptr<int64_t>(), slot.data_ptr<int64_t>(),
                                                                       candidates, ends.data_ptr<int64_t>());
     RTX_CHECK_LAUNCH();
+    // The caching allocator hands these out again only after the kernels queued on this stream have run.
+    candidate_ends.reset();
+    kept.reset();
+    slot.reset();
     at::Tensor reps = at::empty({m}, opts), starts = at::empty({m}, opts), counts = at::empty({m}, opts);
     at::Tensor extra = at::empty({m + 1}, opts), extra_before = at::empty({m + 1}, opts);
     slices_kernel<<<grid_for(m + 1), kBlock, 0, current_stream()>>>(

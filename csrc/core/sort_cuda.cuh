@@ -98,6 +98,7 @@ inline std::pair<at::Tensor, at::Tensor> sort_key_row_pairs_cuda(const at::Tenso
   at::Tensor scratch = at::empty({static_cast<int64_t>(std::max(by_row, by_key))}, keys.options().dtype(at::kByte));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_row, dr, dk, n, 0, 32, stream));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_key, dk, dr, n, 0, 64, stream));
+  // CUB moves both buffers' selectors together (the values follow the keys' selector), so each pair is in step.
   return {k[dk.selector], r[dr.selector]};
 }
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from .._base import resolve_device
-from ..cgrx import LAYOUTS, default_backend, default_layout
+from ..cgrx import LAYOUTS, default_layout
 from ..cgrx_updatable import _check_growth
 
 Processors = Literal["auto", "gpu", "cpu", "zero_copy"]
@@ -82,10 +82,9 @@ def check_device(device: Any) -> torch.device:
 
 
 def chunk_backend(device: torch.device) -> str:
-    """The default backend on ``device``: CgRXIndex's (:func:`torch_rtindex.cgrx.default_backend`), but never
-    OptiX, whose scene is bound to one device address while chunks move between host and GPU."""
-    backend = default_backend(device)
-    return backend if backend in BACKENDS else "radix"
+    """The default backend on any device: the radix table. CgRXIndex's other default, OptiX, cannot serve chunks
+    (its scene is bound to one device address while chunks move between host and GPU), so OptiX is not asked."""
+    return "radix"
 
 
 @dataclass(frozen=True)
