@@ -259,19 +259,17 @@ def test_default_backend_asks_optix_only_where_the_capability_leaves_rt_cores_op
                                                                                     monkeypatch):
     """A first build's default backend: GPUs whose capability has no RT cores (data-center parts) get the radix
     table without OptiX's first device context; others ask OptiX. CPU-run with the GPU's answers faked."""
-    import torch_rtindex
     from torch_rtindex.cgrx import default_backend
 
     asked = []
 
-    def optix_info(device):
+    def optix_rt_cores(device):
         asked.append(device)
         if rt_cores is None:
             raise AssertionError("OptiX asked where the capability tells")
-        return {"has_rt_cores": rt_cores}
+        return rt_cores
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch_rtindex, "optix_info", optix_info)
-    assert default_backend(torch.device("cuda", 0)) == want
+    assert default_backend(torch.device("cuda", 0), optix_rt_cores) == want
     assert len(asked) == (0 if rt_cores is None else 1)
-    assert default_backend(torch.device("cpu")) == "radix"
+    assert default_backend(torch.device("cpu"), optix_rt_cores) == "radix"

@@ -81,12 +81,6 @@ def check_device(device: Any) -> torch.device:
     return resolve_device(wanted)
 
 
-def chunk_backend(device: torch.device) -> str:
-    """The default backend on any device: the radix table. CgRXIndex's other default, OptiX, cannot serve chunks
-    (its scene is bound to one device address while chunks move between host and GPU), so OptiX is not asked."""
-    return "radix"
-
-
 @dataclass(frozen=True)
 class ChunkedConfig:
     """The options of a ChunkedIndex (see :class:`~torch_rtindex.ChunkedIndex` for what each does).
@@ -191,7 +185,7 @@ class ChunkedConfig:
         budget = self.gpu_budget
         if budget is None:
             budget = int(torch.cuda.mem_get_info(device)[0] * 0.5) if device.type == "cuda" else 0
-        backend = self.backend or chunk_backend(device)
+        backend = self.backend or "radix"  # never OptiX, whose scene is bound to one device address
         layout = self.layout or default_layout(backend)
         return dataclasses.replace(self, device=device, gpu_budget=budget, backend=backend, layout=layout)
 
