@@ -51,6 +51,7 @@ build = {
     "RXIndex": lambda k: ti.RXIndex(k),
     "CgRXIndex": lambda k: ti.CgRXIndex(k),
     "CgRXIndex(radix)": lambda k: ti.CgRXIndex(k, backend="radix"),
+    "CgRXIndex(optix)": lambda k: ti.CgRXIndex(k, backend="optix"),
     "UpdatableCgRXIndex": lambda k: ti.UpdatableCgRXIndex(k),
     "ChunkedIndex": lambda k: ti.ChunkedIndex(k.cpu(), device=device),
 }[name]
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="fresh processes per class and device")
     parser.add_argument("--classes", default="RXIndex,CgRXIndex,CgRXIndex(radix),UpdatableCgRXIndex,ChunkedIndex")
     parser.add_argument("--devices", default="cpu,cuda", help="of cpu,cuda (cuda where available)")
+    parser.add_argument("--no-optix-cache-runs", action="store_true",
+                        help="skip the OptiX lookups with the disk cache cold and warm (CUDA)")
     parser.add_argument("--json", help="write the raw numbers here")
     parser.add_argument("--profile", action="store_true",
                         help="one more process per class and device with the first build under cProfile: prints the "
@@ -123,12 +126,12 @@ def main() -> None:
                 rows.append({"class": name, "device": device, "run": r, **run_probe(name, device, args.keys, args.queries, env)})
             if args.profile:
                 profiles.append((name, device, run_probe(name, device, args.keys, args.queries, env, profile=True)))
-    if "cuda" in devices and {"RXIndex", "CgRXIndex"} <= set(args.classes.split(",")):
+    if "cuda" in devices and not args.no_optix_cache_runs:
         # The first OptiX lookup in a process with OptiX's disk cache cold, then warm (same folder, next process).
         with tempfile.TemporaryDirectory() as cache:
             for state in ("optix cache cold", "optix cache warm"):
-                row = run_probe("CgRXIndex", "cuda", args.keys, args.queries, {**env, "OPTIX_CACHE_PATH": cache})
-                rows.append({"class": "CgRXIndex", "device": f"cuda, {state}", "run": 0, **row})
+                row = run_probe("CgRXIndex(optix)", "cuda", args.keys, args.queries, {**env, "OPTIX_CACHE_PATH": cache})
+                rows.append({"class": "CgRXIndex(optix)", "device": f"cuda, {state}", "run": 0, **row})
                 row = run_probe("RXIndex", "cuda", args.keys, args.queries, {**env, "OPTIX_CACHE_PATH": cache})
                 rows.append({"class": "RXIndex", "device": f"cuda, {state}", "run": 0, **row})
 

@@ -264,31 +264,65 @@ def test_settings_are_checked_where_they_are_changed(device):
     assert len(index) == 102 and index.stats()["auto_rebuilds"] == 0
 
 
-@pytest.mark.parametrize("node_size", [2, 4, 32, 64])
+def bulk_load_reference(keys, rows, node_size):
+    """The bulk load by its definition, in numpy: pairs in (unsigned key, unsigned row) order; a bucket ends where
+    the run of the key at every (node_size / 2)-th pair ends, and at the last pair; each bucket fills its own node,
+    then extra nodes numbered after all buckets' own, in bucket order."""
+    ordered = keys.view(np.uint64) ^ np.uint64(1 << 63)  # map_keys: int64 keys in unsigned order
+    order = np.lexsort((rows.view(np.uint32), ordered))
+    sk, sr = ordered[order], rows.view(np.uint32)[order]
+    n, per = len(keys), node_size // 2
+    if n == 0:
+        return sk, sr, np.array([-1]), np.array([0]), np.array([0]), np.array([1]), 1
+    ends = np.unique(np.searchsorted(sk, sk[np.append(np.arange(per - 1, n, per), n - 1)], side="right") - 1)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    counts = ends - starts + 1
+    extra = np.maximum(1, -(-counts // node_size)) - 1
+    first_extra = np.cumsum(extra) - extra + len(ends)
+    return sk, sr, sk[ends].view(np.int64), starts, counts, first_extra, len(ends) + int(extra.sum())
+
+
+@pytest.mark.parametrize("node_size", [2, 6, 32, 4096])
 def test_bulk_load_buckets_fill_half_nodes_and_never_split_a_key(device, node_size):
-    """The bulk load (the ``cgrx_nodes_load`` operator): buckets end where the run of the key at every
-    (node_size / 2)-th sorted pair ends, and at the last pair; each representative is its bucket's largest key, and
-    ``used`` counts every bucket's node plus the extra nodes of buckets over node_size pairs. Against numpy over
-    (unsigned key, unsigned row) order, on full-range keys with the edges and on keys with long runs of copies."""
+    """The bulk load (the ``cgrx_nodes_load`` operator) against its definition in numpy: the representatives,
+    ``used``, and every bucket's chain in the node region (node IDs, keys, row IDs as unsigned, sizes, links; the
+    layout of cgrx_nodes.h); unused nodes stay zero. Full-range keys with the edges, the edges alone, runs of
+    copies, one key repeated; row IDs over the whole unsigned 32-bit range."""
     rng = np.random.default_rng(node_size)
     edges = np.array([I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX], dtype=np.int64)
-    for n in [0, 1, 2, 3, node_size // 2, node_size // 2 + 1, node_size, 1000, 5000]:
-        for kind in ("full", "runs"):
+    N, words = node_size, 3 * node_size + 2
+    for n in sorted({0, 1, 2, 3, N // 2, N // 2 + 1, N, 2 * N + 3, 1000, 5000}):
+        for kind in ("full", "edges", "runs", "one key"):
             if kind == "full":
-                keys = np.concatenate([rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True), edges])[:n]
+                keys = np.concatenate([edges, rng.integers(I64_MIN, I64_MAX, n, dtype=np.int64, endpoint=True)])[:n]
+                rng.shuffle(keys)
+            elif kind == "edges":
+                keys = rng.choice(edges, n)
+            elif kind == "runs":
+                keys = np.repeat(rng.integers(I64_MIN, I64_MAX, n // 7 + 1, dtype=np.int64), 7)[:n]
+                rng.shuffle(keys)
             else:
-                keys = rng.choice(edges, n) if n else edges[:0]
-            rows = rng.integers(-(2**31), 2**31 - 1, n, dtype=np.int64).astype(np.int32)  # as uint32 up to 2^32 - 1
-            ordered = keys.view(np.uint64) ^ np.uint64(1 << 63)  # map_keys: int64 keys in unsigned order
-            order = np.lexsort((rows.view(np.uint32), ordered))
-            sk = ordered[order]
-            per = node_size // 2
-            cands = np.append(np.arange(per - 1, n, per), n - 1) if n else np.array([], dtype=np.int64)
-            ends = np.unique(np.searchsorted(sk, sk[cands], side="right") - 1)
-            counts = np.diff(np.concatenate([[-1], ends]))
-            want_used = len(ends) + int(np.maximum(0, -(-counts // node_size) - 1).sum()) if n else 1
-            want_reps = sk[ends].view(np.int64) if n else np.array([-1])
+                keys = np.full(n, I64_MIN if n % 2 else I64_MAX, dtype=np.int64)
+            rows = rng.integers(-(2**31), 2**31 - 1, n, dtype=np.int64).astype(np.int32)  # as uint32: to 2^32 - 2
+            sk, sr, reps, starts, counts, first_extra, used = bulk_load_reference(keys, rows, N)
             k = torch.ops.rtindex.map_keys(torch.from_numpy(keys).to(device), 0)
-            _, reps, _, used = torch.ops.rtindex.cgrx_nodes_load(k, torch.from_numpy(rows).to(device), node_size, 1.25)
-            assert reps.cpu().numpy().tolist() == want_reps.tolist(), (n, kind)
-            assert int(used) == want_used, (n, kind)
+            nodes, got_reps, _, got_used = torch.ops.rtindex.cgrx_nodes_load(k, torch.from_numpy(rows).to(device), N, 1.25)
+            assert got_reps.cpu().numpy().tolist() == reps.tolist(), (n, kind)
+            assert int(got_used) == used, (n, kind)
+            region = nodes.cpu().numpy().view(np.uint32).reshape(-1, words)
+            assert region.shape[0] == max(used, int(used * 1.25) + 1)
+            seen = np.zeros(region.shape[0], dtype=bool)
+            for b in range(len(reps)):
+                s, c = int(starts[b]), int(counts[b])
+                want_chain = [b] + [int(first_extra[b]) + i for i in range(max(1, -(-c // N)) - 1)]
+                chain, got_k, got_r, node = [], [], [], b
+                while node != 0xFFFFFFFF:
+                    chain.append(node)
+                    seen[node] = True
+                    size = int(region[node, 3 * N])
+                    got_k += region[node, : 2 * N].copy().view(np.uint64)[:size].tolist()
+                    got_r += region[node, 2 * N : 2 * N + size].tolist()
+                    node = int(region[node, 3 * N + 1])
+                assert chain == want_chain, (n, kind, b)
+                assert got_k == sk[s : s + c].tolist() and got_r == sr[s : s + c].tolist(), (n, kind, b)
+            assert seen.sum() == used and not region[~seen].any(), (n, kind)

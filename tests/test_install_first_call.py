@@ -251,3 +251,25 @@ def test_bug_report_command():
     assert report["CgRXIndex on cpu"] == "backend=radix"
     assert report["RXIndex on cpu"].startswith("sorted keys")
     assert all(not v.startswith("failed") for v in report.values()), res.stdout
+
+
+@pytest.mark.parametrize("capability, rt_cores, want", [((9, 0), None, "radix"), ((8, 0), None, "radix"),
+                                                          ((8, 6), True, "optix"), ((8, 6), False, "radix")])
+def test_default_backend_asks_optix_only_where_the_capability_leaves_rt_cores_open(capability, rt_cores, want,
+                                                                                    monkeypatch):
+    """A first build's default backend: GPUs whose capability has no RT cores (data-center parts) get the radix
+    table without OptiX's first device context; others ask OptiX. CPU-run with the GPU's answers faked."""
+    from torch_rtindex.cgrx import default_backend
+
+    asked = []
+
+    def optix_rt_cores(device):
+        asked.append(device)
+        if rt_cores is None:
+            raise AssertionError("OptiX asked where the capability tells")
+        return rt_cores
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert default_backend(torch.device("cuda", 0), optix_rt_cores) == want
+    assert len(asked) == (0 if rt_cores is None else 1)
+    assert default_backend(torch.device("cpu"), optix_rt_cores) == "radix"

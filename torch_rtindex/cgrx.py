@@ -23,7 +23,7 @@ and can be captured in a CUDA graph; the ``"optix"`` backend's OptiX launches ca
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Callable, get_args
 
 import torch
 
@@ -44,16 +44,21 @@ LAYOUTS = {name: LAYOUT_CODES[name] for name in get_args(PairsLayout)}  # the re
 NO_RT_CORES = frozenset({(7, 0), (8, 0), (9, 0), (10, 0)})
 
 
-def default_backend(device: torch.device) -> str:
-    """OptiX rays where the GPU has RT cores, the radix table everywhere else."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) not in NO_RT_CORES:
-        from . import optix_info
+def optix_rt_cores(device: torch.device) -> bool:
+    """Whether OptiX reports RT cores on ``device`` (False where OptiX is not usable)."""
+    from . import optix_info
 
-        try:
-            if optix_info(device)["has_rt_cores"]:
-                return "optix"
-        except RuntimeError:
-            pass  # no usable OptiX: the radix table needs none
+    try:
+        return bool(optix_info(device)["has_rt_cores"])
+    except RuntimeError:
+        return False  # no usable OptiX: the radix table needs none
+
+
+def default_backend(device: torch.device, rt_cores: Callable[[torch.device], bool] = optix_rt_cores) -> str:
+    """OptiX rays where the GPU has RT cores, the radix table everywhere else. ``rt_cores`` answers for a GPU
+    whose capability does not (:data:`NO_RT_CORES`)."""
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) not in NO_RT_CORES and rt_cores(device):
+        return "optix"
     return "radix"
 
 

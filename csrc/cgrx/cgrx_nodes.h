@@ -269,8 +269,8 @@ namespace rtindex::cgrx {
 
 // The bulk load's buckets: about per = node_size / 2 pairs each (the paper's half-full nodes), never splitting a
 // run of equal keys. Candidate j < n / per ends its bucket where the run of the key at position (j + 1) * per - 1
-// ends; the last candidate, at the last pair. Candidates whose runs end at one pair make one bucket. `sorted`:
-// the n >= 1 ordered keys ascending.
+// ends; the last candidate, at the last pair. Candidates whose runs end at one pair make one bucket (the buckets'
+// last positions are the candidates' ends, each once). `sorted`: the n >= 1 ordered keys ascending.
 RTX_HD uint64_t load_candidates(uint64_t n, uint64_t per) { return n / per + 1; }
 
 RTX_HD uint64_t load_candidate_end(const uint64_t* sorted, uint64_t n, uint64_t per, uint64_t j) {
@@ -284,12 +284,8 @@ RTX_HD uint64_t load_candidate_end(const uint64_t* sorted, uint64_t n, uint64_t 
   return lo - 1;
 }
 
-// Whether candidate j starts a new bucket (its run ends past the previous candidate's).
-RTX_HD bool load_candidate_kept(const int64_t* candidate_ends, uint64_t j) {
-  return j == 0 || candidate_ends[j] != candidate_ends[j - 1];
-}
-
-// Bucket b's slice of the sorted pairs from the buckets' last positions, and the nodes it needs beyond its own.
+// Bucket b's slice of the sorted pairs from the buckets' last positions (-1 alone: one empty bucket), and the
+// nodes it needs beyond its own.
 struct LoadSlice {
   uint64_t start, count, extra;
 };

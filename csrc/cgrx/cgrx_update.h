@@ -23,10 +23,11 @@ struct Loaded {
   int64_t used;
 };
 
-// A bulk load's buckets (cgrx_nodes.h load_candidates): each bucket's representative (its largest key), its slice
-// of the sorted pairs, and the extra nodes (beyond its own) of the buckets before it and of all buckets.
+// A bulk load's buckets (cgrx_nodes.h load_candidates): each bucket's representative (its largest key), its last
+// position in the sorted pairs (its slice: load_slice), and the extra nodes (beyond its own) of the buckets before
+// it and of all buckets.
 struct BucketPlan {
-  at::Tensor reps, starts, counts, extra_before;
+  at::Tensor reps, ends, extra_before;
   int64_t extra_total;
 };
 
@@ -43,13 +44,14 @@ inline Loaded load(const at::Tensor& keys, const at::Tensor& rows, int64_t node_
   check_node_size(node_size);
   TORCH_CHECK(rows.dim() == 1 && rows.numel() == keys.numel() && rows.scalar_type() == at::kInt,
               "rows must be int32 row IDs, one per key");
+  check_same_device(keys, rows, "keys", "rows");
   TORCH_CHECK(growth >= 1.0, "growth must be at least 1");
   const auto opts = keys.options();
   at::Tensor sorted_k = keys, sorted_r = rows;
   BucketPlan plan;
   if (keys.numel() == 0) {
     // One empty bucket whose representative is the largest key: every insertion lands in it.
-    plan = {at::full({1}, int64_t(-1), opts), at::zeros({1}, opts), at::zeros({1}, opts), at::zeros({1}, opts), 0};
+    plan = {at::full({1}, int64_t(-1), opts), at::full({1}, int64_t(-1), opts), at::zeros({1}, opts), 0};
   } else {
     std::tie(sorted_k, sorted_r) = Device::sort_pairs(keys, rows.contiguous());
     plan = Device::plan(sorted_k, node_size);

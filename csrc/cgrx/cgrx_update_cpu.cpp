@@ -27,26 +27,23 @@ struct CpuLoad {
     const uint64_t per = std::max<int64_t>(1, node_size / 2);
     const uint64_t candidates = load_candidates(n, per);
     const uint64_t* sk = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
-    std::vector<int64_t> candidate_ends(candidates), ends;
+    std::vector<int64_t> ends(candidates);
     at::parallel_for(0, static_cast<int64_t>(candidates), 4096, [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) candidate_ends[j] = static_cast<int64_t>(load_candidate_end(sk, n, per, j));
+      for (int64_t j = j0; j < j1; ++j) ends[j] = static_cast<int64_t>(load_candidate_end(sk, n, per, j));
     });
-    for (uint64_t j = 0; j < candidates; ++j)
-      if (load_candidate_kept(candidate_ends.data(), j)) ends.push_back(candidate_ends[j]);
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
     const int64_t m = static_cast<int64_t>(ends.size());
     const auto opts = sorted.options();
-    at::Tensor reps = at::empty({m}, opts), starts = at::empty({m}, opts), counts = at::empty({m}, opts);
-    at::Tensor extra_before = at::empty({m}, opts);
+    at::Tensor reps = at::empty({m}, opts), extra_before = at::empty({m}, opts);
+    int64_t* rp = reps.data_ptr<int64_t>();
+    int64_t* ep = extra_before.data_ptr<int64_t>();
     int64_t total = 0;
     for (int64_t b = 0; b < m; ++b) {
-      const LoadSlice s = load_slice(ends.data(), b, static_cast<uint32_t>(node_size));
-      reps.data_ptr<int64_t>()[b] = static_cast<int64_t>(sk[ends[b]]);
-      starts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.start);
-      counts.data_ptr<int64_t>()[b] = static_cast<int64_t>(s.count);
-      extra_before.data_ptr<int64_t>()[b] = total;
-      total += static_cast<int64_t>(s.extra);
+      rp[b] = static_cast<int64_t>(sk[ends[b]]);
+      ep[b] = total;
+      total += static_cast<int64_t>(load_slice(ends.data(), b, static_cast<uint32_t>(node_size)).extra);
     }
-    return {reps, starts, counts, extra_before, total};
+    return {reps, at::tensor(ends, opts), extra_before, total};
   }
 
   static void fill(at::Tensor& nodes, int64_t node_size, const at::Tensor& keys, const at::Tensor& rows,
@@ -55,11 +52,13 @@ struct CpuLoad {
     const Nodes ns = update::nodes_view(nodes, node_size, m);
     const uint64_t* kp = reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>());
     const int32_t* rp = rows.data_ptr<int32_t>();
-    const int64_t* sp = plan.starts.data_ptr<int64_t>();
-    const int64_t* cp = plan.counts.data_ptr<int64_t>();
+    const int64_t* endp = plan.ends.data_ptr<int64_t>();
     const int64_t* ep = plan.extra_before.data_ptr<int64_t>();
     at::parallel_for(0, m, 256, [&](int64_t b0, int64_t e) {
-      for (int64_t b = b0; b < e; ++b) load_bucket(ns, b, kp, rp, sp[b], cp[b], static_cast<uint32_t>(m + ep[b]));
+      for (int64_t b = b0; b < e; ++b) {
+        const LoadSlice s = load_slice(endp, b, static_cast<uint32_t>(node_size));
+        load_bucket(ns, b, kp, rp, s.start, s.count, static_cast<uint32_t>(m + ep[b]));
+      }
     });
   }
 };

@@ -48,38 +48,25 @@ __global__ void candidate_ends_kernel(const uint64_t* sorted, uint64_t n, uint64
     ends[j] = static_cast<int64_t>(load_candidate_end(sorted, n, per, j));
 }
 
-// kept[j] for j < candidates, and kept[candidates] = 0: its exclusive sum's last entry counts the buckets.
-__global__ void kept_kernel(const int64_t* candidate_ends, uint64_t candidates, int64_t* kept) {
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j <= candidates; j += uint64_t(gridDim.x) * blockDim.x)
-    kept[j] = j < candidates && load_candidate_kept(candidate_ends, j) ? 1 : 0;
-}
-
-__global__ void bucket_ends_kernel(const int64_t* candidate_ends, const int64_t* kept, const int64_t* slot,
-                                   uint64_t candidates, int64_t* ends) {
-  for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < candidates; j += uint64_t(gridDim.x) * blockDim.x)
-    if (kept[j]) ends[slot[j]] = candidate_ends[j];
-}
-
-// Each bucket's slice and representative; extra[m] = 0, so the exclusive sum's last entry is the total.
+// Each bucket's representative and extra nodes; extra[m] = 0, so the exclusive sum's last entry is the total.
 __global__ void slices_kernel(const uint64_t* sorted, const int64_t* ends, uint64_t m, uint32_t node_size, int64_t* reps,
-                              int64_t* starts, int64_t* counts, int64_t* extra) {
+                              int64_t* extra) {
   for (uint64_t b = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; b <= m; b += uint64_t(gridDim.x) * blockDim.x) {
     if (b == m) {
       extra[b] = 0;
       continue;
     }
-    const LoadSlice s = load_slice(ends, b, node_size);
     reps[b] = static_cast<int64_t>(sorted[ends[b]]);
-    starts[b] = static_cast<int64_t>(s.start);
-    counts[b] = static_cast<int64_t>(s.count);
-    extra[b] = static_cast<int64_t>(s.extra);
+    extra[b] = static_cast<int64_t>(load_slice(ends, b, node_size).extra);
   }
 }
 
-__global__ void load_kernel(Nodes ns, int64_t m, const uint64_t* keys, const int32_t* rows, const int64_t* starts,
-                            const int64_t* counts, const int64_t* extra_before) {
-  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x)
-    load_bucket(ns, b, keys, rows, starts[b], counts[b], static_cast<uint32_t>(m + extra_before[b]));
+__global__ void load_kernel(Nodes ns, int64_t m, const uint64_t* keys, const int32_t* rows, const int64_t* ends,
+                            const int64_t* extra_before) {
+  for (int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; b < m; b += int64_t(gridDim.x) * blockDim.x) {
+    const LoadSlice s = load_slice(ends, b, ns.node_size);
+    load_bucket(ns, b, keys, rows, s.start, s.count, static_cast<uint32_t>(m + extra_before[b]));
+  }
 }
 
 // The bulk load's steps on CUDA (cgrx_update.h load); two host syncs: the number of buckets, the extra nodes.
@@ -95,29 +82,21 @@ struct CudaLoad {
     const uint64_t candidates = load_candidates(n, per);
     const uint64_t* sk = reinterpret_cast<const uint64_t*>(sorted.data_ptr<int64_t>());
     const int64_t c = static_cast<int64_t>(candidates);
-    at::Tensor candidate_ends = at::empty({c}, opts), kept = at::empty({c + 1}, opts), slot = at::empty({c + 1}, opts);
+    at::Tensor candidate_ends = at::empty({c}, opts), ends = at::empty({c}, opts);
     candidate_ends_kernel<<<grid_for(c), kBlock, 0, current_stream()>>>(sk, n, per, candidates,
                                                                          candidate_ends.data_ptr<int64_t>());
     RTX_CHECK_LAUNCH();
-    kept_kernel<<<grid_for(c + 1), kBlock, 0, current_stream()>>>(candidate_ends.data_ptr<int64_t>(), candidates,
-                                                                   kept.data_ptr<int64_t>());
-    RTX_CHECK_LAUNCH();
-    exclusive_sum_cuda(kept.data_ptr<int64_t>(), slot.data_ptr<int64_t>(), c + 1, opts);
-    const int64_t m = slot[c].item<int64_t>();  // the build's first host sync
-    at::Tensor ends = at::empty({m}, opts);
-    bucket_ends_kernel<<<grid_for(c), kBlock, 0, current_stream()>>>(candidate_ends.data_ptr<int64_t>(),
-                                                                      kept.data_ptr<int64_t>(), slot.data_ptr<int64_t>(),
-                                                                      candidates, ends.data_ptr<int64_t>());
-    RTX_CHECK_LAUNCH();
-    at::Tensor reps = at::empty({m}, opts), starts = at::empty({m}, opts), counts = at::empty({m}, opts);
-    at::Tensor extra = at::empty({m + 1}, opts), extra_before = at::empty({m + 1}, opts);
-    slices_kernel<<<grid_for(m + 1), kBlock, 0, current_stream()>>>(
-        sk, ends.data_ptr<int64_t>(), static_cast<uint64_t>(m), static_cast<uint32_t>(node_size), reps.data_ptr<int64_t>(),
-        starts.data_ptr<int64_t>(), counts.data_ptr<int64_t>(), extra.data_ptr<int64_t>());
+    const int64_t m = unique_cuda(candidate_ends.data_ptr<int64_t>(), ends.data_ptr<int64_t>(), c, opts);  // a sync
+    candidate_ends.reset();
+    ends = ends.narrow(0, 0, m);
+    at::Tensor reps = at::empty({m}, opts), extra = at::empty({m + 1}, opts), extra_before = at::empty({m + 1}, opts);
+    slices_kernel<<<grid_for(m + 1), kBlock, 0, current_stream()>>>(sk, ends.data_ptr<int64_t>(), static_cast<uint64_t>(m),
+                                                                     static_cast<uint32_t>(node_size),
+                                                                     reps.data_ptr<int64_t>(), extra.data_ptr<int64_t>());
     RTX_CHECK_LAUNCH();
     exclusive_sum_cuda(extra.data_ptr<int64_t>(), extra_before.data_ptr<int64_t>(), m + 1, opts);
     const int64_t total = extra_before[m].item<int64_t>();  // the second
-    return {reps, starts, counts, extra_before.narrow(0, 0, m), total};
+    return {reps, ends, extra_before.narrow(0, 0, m), total};
   }
 
   static void fill(at::Tensor& nodes, int64_t node_size, const at::Tensor& keys, const at::Tensor& rows,
@@ -126,7 +105,7 @@ struct CudaLoad {
     const Nodes ns = update::nodes_view(nodes, node_size, m);
     load_kernel<<<grid_for(m), kBlock, 0, current_stream()>>>(
         ns, m, reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()), rows.data_ptr<int32_t>(),
-        plan.starts.data_ptr<int64_t>(), plan.counts.data_ptr<int64_t>(), plan.extra_before.data_ptr<int64_t>());
+        plan.ends.data_ptr<int64_t>(), plan.extra_before.data_ptr<int64_t>());
     RTX_CHECK_LAUNCH();
   }
 };

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
+#include <cub/device/device_select.cuh>
 
 #include <cstdint>
 #include <limits>
@@ -98,6 +99,7 @@ inline std::pair<at::Tensor, at::Tensor> sort_key_row_pairs_cuda(const at::Tenso
   at::Tensor scratch = at::empty({static_cast<int64_t>(std::max(by_row, by_key))}, keys.options().dtype(at::kByte));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_row, dr, dk, n, 0, 32, stream));
   C10_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch.data_ptr(), by_key, dk, dr, n, 0, 64, stream));
+  // CUB moves both buffers' selectors together (the values follow the keys' selector), so each pair is in step.
   return {k[dk.selector], r[dr.selector]};
 }
 
@@ -107,6 +109,17 @@ inline void exclusive_sum_cuda(const int64_t* in, int64_t* out, int64_t n, const
   C10_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, bytes, in, out, n, current_stream()));
   at::Tensor scratch = at::empty({static_cast<int64_t>(bytes)}, opts.dtype(at::kByte));
   C10_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scratch.data_ptr(), bytes, in, out, n, current_stream()));
+}
+
+// The first of each run of equal int64 values, in order, into `out` (room for n); returns how many (a host sync).
+inline int64_t unique_cuda(const int64_t* in, int64_t* out, int64_t n, const at::TensorOptions& opts) {
+  at::Tensor count = at::empty({1}, opts.dtype(at::kLong));
+  size_t bytes = 0;
+  C10_CUDA_CHECK(cub::DeviceSelect::Unique(nullptr, bytes, in, out, count.data_ptr<int64_t>(), n, current_stream()));
+  at::Tensor scratch = at::empty({static_cast<int64_t>(bytes)}, opts.dtype(at::kByte));
+  C10_CUDA_CHECK(cub::DeviceSelect::Unique(scratch.data_ptr(), bytes, in, out, count.data_ptr<int64_t>(), n,
+                                           current_stream()));
+  return count.item<int64_t>();
 }
 
 }  // namespace rtindex

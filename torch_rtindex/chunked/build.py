@@ -62,7 +62,10 @@ class Builder:
             bucket_keys = max(n, 1)
         bar = progress_bar(n, self.config.progress)
         chunks: list[Chunk] = []
-        if n <= bucket_keys:
+        if n <= T:  # one chunk: its keys are in row order as given, so it needs neither the key sort nor a row sort
+            chunks.append(self.build_chunk(self.map(keys.to(W)), None, None))
+            bar.update(n)
+        elif n <= bucket_keys:
             o = self.map(keys.to(W))
             sf, pos = torch.sort(o ^ TOP, stable=True)
             del o
@@ -158,13 +161,19 @@ class Builder:
             start = end
         return None
 
-    def build_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int) -> Chunk:
+    def build_chunk(self, ordered: torch.Tensor, rows: torch.Tensor | None, lo: int | None) -> Chunk:
         """A chunk over (ordered key, global row) pairs (any order): its cgRX structure over the keys in row
-        order, so that local row order is global row order, and the local -> global map."""
+        order, so that local row order is global row order, and the local -> global map. ``rows`` None: each key's
+        row is its position (the whole index in one chunk); ``lo`` None: the chunk's smallest key."""
         if self.config.updatable:
+            if rows is None:
+                rows = torch.arange(ordered.numel(), device=ordered.device)
             return self.build_node_chunk(ordered, rows, lo)
-        rows_sorted, perm = torch.sort(rows)
-        k = ordered.index_select(0, perm).contiguous()
+        if rows is None:
+            k, rows_sorted = ordered.contiguous(), None
+        else:
+            rows_sorted, perm = torch.sort(rows)
+            k = ordered.index_select(0, perm).contiguous()
         n = k.numel()
         pairs, reps, table = _ops().cgrx_build(k, self.config.bucket_size, LAYOUTS[self.config.layout])
         if n:
@@ -176,9 +185,9 @@ class Builder:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
         base, l2g = place_rows(pairs, self.config.layout, rows_sorted)
         blob, specs = pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self.pin)
-        return Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob)
+        return Chunk((kmin or 0) if lo is None else lo, n, base, kmin, kmax, specs, blob.numel(), blob)
 
-    def build_node_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int) -> Chunk:
+    def build_node_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int | None) -> Chunk:
         """An updatable chunk: the node chains of :class:`UpdatableCgRXIndex` (bulk-loaded half full, slack
         ``growth``) over the pairs. Rows spanning < 2^32 are stored as offsets from the smallest (no row map, so
         updates insert in place); wider spans get local rows in global row order and an int64 map, and every
@@ -202,7 +211,7 @@ class Builder:
         nodes, reps, table, used = _ops().cgrx_nodes_load(ordered.contiguous(), local.to(torch.int32), self.config.node_size,
                                                           self.config.growth)
         blob, specs = pack({"nodes": nodes, "reps": reps, "table": table, "l2g": l2g}, self.pin)
-        return Chunk(lo, n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes", used=int(used))
+        return Chunk((kmin or 0) if lo is None else lo, n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes", used=int(used))
 
 
 def progress_bar(total: int, progress: bool | None):

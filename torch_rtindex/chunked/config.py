@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from .._base import resolve_device
-from ..cgrx import LAYOUTS, default_backend, default_layout
+from ..cgrx import LAYOUTS, default_layout
 from ..cgrx_updatable import _check_growth
 
 Processors = Literal["auto", "gpu", "cpu", "zero_copy"]
@@ -79,13 +79,6 @@ def check_device(device: Any) -> torch.device:
             raise ValueError(f"device={wanted} does not exist: this machine has {torch.cuda.device_count()} "
                              "CUDA devices")
     return resolve_device(wanted)
-
-
-def chunk_backend(device: torch.device) -> str:
-    """The default backend on ``device``: CgRXIndex's (:func:`torch_rtindex.cgrx.default_backend`), but never
-    OptiX, whose scene is bound to one device address while chunks move between host and GPU."""
-    backend = default_backend(device)
-    return backend if backend in BACKENDS else "radix"
 
 
 @dataclass(frozen=True)
@@ -192,7 +185,7 @@ class ChunkedConfig:
         budget = self.gpu_budget
         if budget is None:
             budget = int(torch.cuda.mem_get_info(device)[0] * 0.5) if device.type == "cuda" else 0
-        backend = self.backend or chunk_backend(device)
+        backend = self.backend or "radix"  # never OptiX, whose scene is bound to one device address
         layout = self.layout or default_layout(backend)
         return dataclasses.replace(self, device=device, gpu_budget=budget, backend=backend, layout=layout)
 

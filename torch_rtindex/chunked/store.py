@@ -168,13 +168,16 @@ def pair_rows(pairs: torch.Tensor, n: int, layout: str) -> torch.Tensor:
     return pairs[2 * n : 3 * n]
 
 
-def place_rows(pairs: torch.Tensor, layout: str, rows_sorted: torch.Tensor) -> tuple[int, torch.Tensor]:
+def place_rows(pairs: torch.Tensor, layout: str, rows_sorted: torch.Tensor | None) -> tuple[int, torch.Tensor]:
     """The row IDs of a cgRX structure built over keys in row order (local row r is ``rows_sorted[r]``, ascending):
     returns (base, row map), base the smallest row. Rows spanning < 2^32 (every chunk of an index under 2^32 keys):
     each pair holds its row's offset from base in place of its local row (rewritten here) and the map is empty, so
     a lookup needs no map (one dependent read fewer, over PCIe where the GPU reads a chunk in place) and the
     structure carries none; offsets ascend with local rows, so the pairs' order (key, then row) is unchanged.
-    Wider spans keep local rows and the map holds each one's offset from base (int64)."""
+    Wider spans keep local rows and the map holds each one's offset from base (int64). ``rows_sorted`` None: local
+    row r is row r (the offsets are the local rows already)."""
+    if rows_sorted is None:
+        return 0, torch.empty(0, dtype=torch.int32, device=pairs.device)
     n = rows_sorted.numel()
     base = int(rows_sorted[0]) if n else 0
     offsets = rows_sorted - base
