@@ -3,9 +3,9 @@
 // units' words) is read evict-last in L2 (load_resident). The line of pairs a point lookup reads whole, once
 // (load_streamed_quad), is read evict-first in L2 where a batch's lines outnumber what L2 holds: such a batch
 // streams a line per query through L2, and those lines, not the table, should be the first to go. A smaller
-// batch's lines keep the default (load_quad): the next batch may read them again from L2. (Evict-first lost while a bisection reread
-// the same line, which then missed: benchmarks/results/README.md.) Reads of pairs that a search may repeat keep
-// the default.
+// batch's lines keep the default (load_quad): the next batch may read them again from L2. (Evict-first lost
+// while a bisection reread the same line, which then missed: benchmarks/results/README.md.) Reads of pairs that
+// a search may repeat keep the default.
 //
 // The PTX forms (createpolicy, ld.global.L2::cache_hint) exist from sm_80 on; older GPUs get plain loads.
 // OptiX programs get plain loads too: OptiX's compiler rejects these PTX forms (an internal assertion at module
