@@ -14,8 +14,10 @@ Two tables say where a class departs from the plain contract:
 from __future__ import annotations
 
 import copy
+import gc
 import io
 import pickle
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -234,6 +236,33 @@ def test_memory(cfg, key_type):
     assert isinstance(mem, dict) and mem
     assert all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in mem.items()), mem
     assert sum(mem.values()) > 0
+
+
+def _defined_in(obj: Any) -> str:
+    """module:name of a function, or of an object's class."""
+    if isinstance(obj, types.FunctionType):
+        return f"{obj.__module__}:{obj.__qualname__}"
+    return f"{type(obj).__module__}:{type(obj).__qualname__}"
+
+
+@pytest.mark.parametrize("cfg,key_type", cases("freed", key_types=("int64",)))
+def test_freed_with_its_last_reference(cfg, key_type):
+    """An index that has answered goes, with what it holds (device memory, pinned host memory, a chunk cache),
+    when its last reference does: nothing of the package waits in a reference cycle for Python's collector."""
+    gc.collect()
+    gc.disable()
+    try:
+        idx, ref = build(cfg, key_type)
+        check_answers(idx, ref, cfg, key_type)
+        del idx
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = sorted({name for name in map(_defined_in, gc.garbage) if name.startswith("torch_rtindex")})
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+        gc.enable()
+    assert not left, f"left in reference cycles after the index went: {left}"
 
 
 @pytest.mark.parametrize("cfg,key_type", cases("capturable", key_types=("int64",)))

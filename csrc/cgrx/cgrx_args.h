@@ -49,7 +49,7 @@ inline Pairs pairs_view(const at::Tensor& pairs, Layout l, int64_t bucket_size, 
   const int64_t n = num_pairs(pairs, l);
   TORCH_CHECK(pairs.numel() == layout_words(l, n), "pairs has ", pairs.numel(), " words, not a whole number of pairs");
   return Pairs{reinterpret_cast<const uint32_t*>(pairs.data_ptr<int32_t>()), static_cast<uint64_t>(n),
-               static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u, 0u};
+               static_cast<uint32_t>(l), static_cast<uint32_t>(bucket_size), linear_search ? 1u : 0u, 0u, 1u};
 }
 
 // cgrx_set_spare_rows's arguments, checked: aligned pairs and one int64 value per pair, indexed by row ID.

@@ -40,6 +40,9 @@ struct Pairs {
   // pair's global row there (cgrx_set_spare_rows), so that its lookups answer in global rows without a map;
   // aggregates keep reading the row ID, which indexes the values.
   uint32_t spare_rows;
+  // 1: a point lookup's line of aligned pairs is read evict-first in L2 (the batch's lines outnumber L2's; set per
+  // launch, lines_stream_through_l2); 0: with L2's default priority.
+  uint32_t stream_lines;
 
   RTX_HD uint64_t key(uint64_t i) const {
     switch (static_cast<Layout>(layout)) {
@@ -58,7 +61,7 @@ struct Pairs {
 #if defined(__CUDACC__)
   // Pairs [begin, begin + 4) of aligned rows (one 64-byte line where the pairs are 16-byte aligned): keys and
   // row IDs read together, 16 bytes a load, so a point lookup on the GPU answers from registers (visit_matches).
-  // Read once and not again: evict-first in L2 (load_streamed_quad).
+  // Read once by this batch: evict-first in L2 where the batch streams through it (stream_lines).
   struct Line {
     uint64_t key[4];
     uint32_t row[4];
@@ -71,7 +74,7 @@ struct Pairs {
     Line l;
 #pragma unroll
     for (int t = 0; t < 4; ++t) {
-      const Quad v = load_streamed_quad(data + 4 * (begin + t));
+      const Quad v = stream_lines ? load_streamed_quad(data + 4 * (begin + t)) : load_quad(data + 4 * (begin + t));
       l.key[t] = uint64_t(v.word[0]) | (uint64_t(v.word[1]) << 32);
       l.row[t] = spare_rows ? v.word[3] : v.word[2];
     }

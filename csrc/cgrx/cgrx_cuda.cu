@@ -194,6 +194,12 @@ __global__ void write_params_kernel(LaunchParams p, LaunchParams* out) {
   *out = p;
 }
 
+// Whether a batch of point lookups reads more lines of pairs than L2 holds (one 64-byte line a query): its lines
+// then stream through L2 and are read evict-first (Pairs::stream_lines).
+bool lines_stream_through_l2(int64_t queries, int device) {
+  return static_cast<uint64_t>(queries) * 64 > static_cast<uint64_t>(at::cuda::getDeviceProperties(device)->l2CacheSize);
+}
+
 struct Launch {
   LaunchParams p{};
   at::Tensor scene_structure;
@@ -214,6 +220,7 @@ struct Launch {
     p.scene = a.scene;
     p.num_queries = static_cast<uint64_t>(lo.numel());
     device = lo.device().index();
+    p.storage.pairs.stream_lines = lines_stream_through_l2(lo.numel(), device) ? 1u : 0u;
     table_bytes = static_cast<size_t>(table.nbytes());
     if (a.backend == Backend::OptiX && a.num_reps > 0) {
       gas::check_structure(scene_structure);

@@ -1,10 +1,11 @@
 // Cache priorities for lookups. The queries and the answers stream through once: evict-first in L1 and L2
 // (ld.global.cs / st.global.cs). The small search structure every lookup reads (the radix table and its
 // units' words) is read evict-last in L2 (load_resident). The line of pairs a point lookup reads whole, once
-// (load_streamed_quad), is read evict-first in L2: a batch of random lookups streams a line per query through
-// L2, and those lines, not the table, should be the first to go. (Evict-first lost while a bisection reread
-// the same line, which then missed: benchmarks/results/README.md.) Reads of pairs that a search may repeat keep
-// the default.
+// (load_streamed_quad), is read evict-first in L2 where a batch's lines outnumber what L2 holds: such a batch
+// streams a line per query through L2, and those lines, not the table, should be the first to go. A smaller
+// batch's lines keep the default (load_quad): the next batch may read them again from L2. (Evict-first lost
+// while a bisection reread the same line, which then missed: benchmarks/results/README.md.) Reads of pairs that
+// a search may repeat keep the default.
 //
 // The PTX forms (createpolicy, ld.global.L2::cache_hint) exist from sm_80 on; older GPUs get plain loads.
 // OptiX programs get plain loads too: OptiX's compiler rejects these PTX forms (an internal assertion at module
@@ -86,6 +87,18 @@ RTX_HD Quad load_resident_quad(const uint32_t* p) {
   asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
       : "=r"(q.word[0]), "=r"(q.word[1]), "=r"(q.word[2]), "=r"(q.word[3])
       : "l"(p), "l"(l2_evict_last()));
+#else
+  memcpy(&q, p, sizeof(q));
+#endif
+  return q;
+}
+
+// 16 bytes with L2's default priority (read-only meanwhile).
+RTX_HD Quad load_quad(const uint32_t* p) {
+  Quad q;
+#if defined(RTINDEX_CACHE_HINTS)
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+  q.word[0] = v.x, q.word[1] = v.y, q.word[2] = v.z, q.word[3] = v.w;
 #else
   memcpy(&q, p, sizeof(q));
 #endif

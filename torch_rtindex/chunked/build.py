@@ -214,14 +214,15 @@ class Builder:
         return Chunk((kmin or 0) if lo is None else lo, n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes", used=int(used))
 
 
+class _Silent:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
 def progress_bar(total: int, progress: bool | None):
-    class _Silent:
-        def update(self, n):
-            pass
-
-        def close(self):
-            pass
-
     if progress is False:
         return _Silent()
     try:

@@ -100,7 +100,6 @@ class Executor:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
         self.io_stream = None  # CUDA queries: the stream their CPU worker's copies run on
-        self.calibrator = Calibrator(self)
 
     def rates(self) -> Rates:
         """The rates and fixed times a batch is planned with now (``in_place`` 0 where the GPU does not read
@@ -205,7 +204,7 @@ class Executor:
         if (tasks and gpu_on and cpu_on and self.config.critical_mass is None
                 and any(self.cost.uncalibrated(k, batch.points) for k in wanted)):
             t0 = time.perf_counter()
-            self.calibrator.calibrate(batch, tasks)
+            Calibrator(self).calibrate(batch, tasks)  # made per use: held, it would make a cycle with this executor
             tm["calibrate"] += time.perf_counter() - t0
         rates = self.rates()
         sched = Scheduler(list(tasks), gpu_on, cpu_on, rates, self.config.critical_mass)
