@@ -180,7 +180,7 @@ def points(ix, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dty
     overlap the local lookups of other chunks. Where :func:`own_in_place`, this rank's own queries stay
     out of the routing: the local index answers the caller's batch as it lies, while the first chunk's
     queries are in flight, and the owners' answers land over the others; otherwise the answers land in one
-    buffer in send order. Either way one pass puts them in the caller's order (scatter_answers_into).
+    buffer in send order. Either way they are put in the caller's order chunk by chunk (scatter_answers_into).
 
     Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
     the counts exchange (every rank raises before queries move); a failed local lookup answers exchange.FAILED and
@@ -276,13 +276,19 @@ def points(ix, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dty
     # Every chunk but the last in order while the last one's answers travel (the returns run behind all the
     # queries on the exchange's stream, so a chunk's return is awaited only once every lookup is issued); the
     # last after the failure flag, which waits for every return anyway.
-    for c in range(C - 1):
-        scatter(c)
+    scatter_err = None
+    try:
+        for c in range(C - 1):
+            scatter(c)
+    except Exception as e:  # noqa: BLE001  (this rank's own: it still posts the flag below, then raises)
+        scatter_err = e
     # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
     failed = torch.zeros(1, dtype=torch.int64, device=ix.device)
     if err is not None:
         failed.fill_(1)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=ix.group)
+    if scatter_err is not None:
+        raise scatter_err
     st.mark("local" if overlap else "return")
     scatter(C - 1)
     if err is not None or bool(failed):
