@@ -1,0 +1,38 @@
+"""PinnedStaging (torch_rtindex.chunked.staging) through its own API, on the CPU (ordinary memory, the same
+logic): buffers grow by doubling, are reused while they fit, and hand out views of the asked size and dtype."""
+
+import torch
+
+from torch_rtindex.chunked.staging import PinnedStaging
+
+
+def test_a_slot_grows_by_doubling_and_is_reused_while_it_fits():
+    s = PinnedStaging(pin=False)
+    a = s.take(1, 100, torch.int64)
+    assert a.shape == (100,) and a.dtype == torch.int64 and s.nbytes() == 800
+    a.copy_(torch.arange(100))
+    b = s.take(1, 60, torch.int32)  # fits: the same memory, reinterpreted
+    assert b.shape == (60,) and b.dtype == torch.int32 and b.data_ptr() == a.data_ptr() and s.nbytes() == 800
+    c = s.take(1, 120, torch.int64)  # 960 bytes: doubled to 1600
+    assert c.shape == (120,) and s.nbytes() == 1600
+    d = s.take(1, 10, torch.int64)
+    assert d.data_ptr() == c.data_ptr() and s.nbytes() == 1600
+
+
+def test_slots_are_separate_and_copied_without_a_stream_is_a_no_op():
+    s = PinnedStaging(pin=False)
+    x, y = s.take(1, 8, torch.int64), s.take(2, 8, torch.int64)
+    x.fill_(1)
+    y.fill_(2)
+    s.copied(1, None)
+    s.copied(2, None)
+    assert int(x.sum()) == 8 and int(y.sum()) == 16 and x.data_ptr() != y.data_ptr()
+    assert s.take(1, 0, torch.int64).numel() == 0 and s.nbytes() == 128
+
+
+def test_a_chunked_index_reports_its_staging_bytes():
+    from torch_rtindex import ChunkedIndex
+
+    idx = ChunkedIndex(torch.arange(1000), device="cpu", progress=False)
+    mem = idx.memory()
+    assert mem["staging"] == 0  # a CPU index answers on the CPU: nothing crosses
