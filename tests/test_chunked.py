@@ -173,9 +173,11 @@ def test_empty_index_empty_batches_and_one_chunk(gen):
     assert r.first_row.tolist() == [-1, -1] and r.count.tolist() == [0, 0]
     assert empty.range(torch.tensor([I64_MIN]), torch.tensor([I64_MAX])).rows.numel() == 0
     keys = int64_keys("duplicates", 1000, gen)
-    one = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 30, gpu_budget=0)
-    assert one.num_chunks == 1
-    check_all_forms(one, keys, "int64", gen, "cpu", n_q=200)
+    for updatable in (False, True):  # one chunk: built from the keys as given (no sort), pairs or node chains
+        one = ChunkedIndex(keys, device="cpu", chunk_bytes=1 << 30, gpu_budget=0, updatable=updatable)
+        assert one.num_chunks == 1
+        assert one.chunk_info()[0]["lo"] == int((torch.ops.rtindex.map_keys(keys, 0) ^ TOP).min()) ^ TOP  # smallest
+        check_all_forms(one, keys, "int64", gen, "cpu", n_q=200)
     index = chunked(keys, "cpu", gpu_budget=DUP_BUDGET)
     e = torch.empty(0, dtype=torch.int64)
     assert index.lookup(e).first_row.shape == (0,)
