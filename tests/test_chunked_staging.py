@@ -1,22 +1,24 @@
 """PinnedStaging (torch_rtindex.chunked.staging) through its own API, on the CPU (ordinary memory, the same
-logic): buffers grow by doubling, are reused while they fit, and hand out views of the asked size and dtype."""
+logic): buffers grow to a quarter more than asked, are reused while they fit, and hand out views of the asked
+size and dtype."""
 
+import pytest
 import torch
 
 from torch_rtindex.chunked.staging import PinnedStaging
 
 
-def test_a_slot_grows_by_doubling_and_is_reused_while_it_fits():
+def test_a_slot_grows_with_room_and_is_reused_while_it_fits():
     s = PinnedStaging(pin=False)
     a = s.take(1, 100, torch.int64)
-    assert a.shape == (100,) and a.dtype == torch.int64 and s.nbytes() == 800
+    assert a.shape == (100,) and a.dtype == torch.int64 and s.nbytes() == 1000  # 800 bytes and a quarter
     a.copy_(torch.arange(100))
-    b = s.take(1, 60, torch.int32)  # fits: the same memory, reinterpreted
-    assert b.shape == (60,) and b.dtype == torch.int32 and b.data_ptr() == a.data_ptr() and s.nbytes() == 800
-    c = s.take(1, 120, torch.int64)  # 960 bytes: doubled to 1600
-    assert c.shape == (120,) and s.nbytes() == 1600
-    d = s.take(1, 10, torch.int64)
-    assert d.data_ptr() == c.data_ptr() and s.nbytes() == 1600
+    b = s.take(1, 120, torch.int32)  # fits: the same memory, reinterpreted
+    assert b.shape == (120,) and b.dtype == torch.int32 and b.data_ptr() == a.data_ptr() and s.nbytes() == 1000
+    c = s.take(1, 125, torch.int64)  # 1000 bytes: still fits
+    assert c.data_ptr() == a.data_ptr() and s.nbytes() == 1000
+    d = s.take(1, 200, torch.int64)  # 1600 bytes: grown to 2000
+    assert d.shape == (200,) and s.nbytes() == 2000
 
 
 def test_slots_are_separate_and_copied_without_a_stream_is_a_no_op():
@@ -27,7 +29,7 @@ def test_slots_are_separate_and_copied_without_a_stream_is_a_no_op():
     s.copied(1, None)
     s.copied(2, None)
     assert int(x.sum()) == 8 and int(y.sum()) == 16 and x.data_ptr() != y.data_ptr()
-    assert s.take(1, 0, torch.int64).numel() == 0 and s.nbytes() == 128
+    assert s.take(1, 0, torch.int64).numel() == 0 and s.nbytes() == 160
 
 
 def test_a_chunked_index_reports_its_staging_bytes():
@@ -36,3 +38,12 @@ def test_a_chunked_index_reports_its_staging_bytes():
     idx = ChunkedIndex(torch.arange(1000), device="cpu", progress=False)
     mem = idx.memory()
     assert mem["staging"] == 0  # a CPU index answers on the CPU: nothing crosses
+
+
+def test_a_failed_grow_keeps_the_staging_usable():
+    s = PinnedStaging(pin=False)
+    s.take(1, 8, torch.int64)
+    with pytest.raises(RuntimeError):
+        s.take(1, 1 << 58, torch.int64)  # 2 EiB: the allocation fails
+    assert s.nbytes() == 0  # the old buffer went, and nothing broken stayed
+    assert s.take(1, 8, torch.int64).numel() == 8

@@ -101,7 +101,7 @@ class Executor:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
         self.io_stream = None  # CUDA queries: the stream their CPU worker's copies run on
-        self.staging = PinnedStaging(pin=config.device.type == "cuda")  # the CPU's answers on their way to the GPU
+        self.staging = PinnedStaging(pin=True)  # the CPU's answers on their way to a GPU (used only then)
 
     def rates(self) -> Rates:
         """The rates and fixed times a batch is planned with now (``in_place`` 0 where the GPU does not read
