@@ -18,6 +18,7 @@ import gc
 import io
 import pickle
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -254,7 +255,9 @@ def test_freed_with_its_last_reference(cfg, key_type):
     try:
         idx, ref = build(cfg, key_type)
         check_answers(idx, ref, cfg, key_type)
+        gone = weakref.ref(idx)
         del idx
+        assert gone() is None, "something still holds the index after its last reference went"
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
         left = sorted({name for name in map(_defined_in, gc.garbage) if name.startswith("torch_rtindex")})

@@ -69,6 +69,12 @@ inline Representation representation_from_int(int64_t v) {
   return static_cast<Representation>(v);
 }
 
+// cgrx_build_scene's representatives: int64, contiguous, at least num_reps of them.
+inline void check_scene_reps(const at::Tensor& reps, int64_t num_reps) {
+  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous(), "reps must be a contiguous int64 tensor");
+  TORCH_CHECK(num_reps >= 0 && num_reps <= reps.numel(), "num_reps must lie in [0, ", reps.numel(), "], got ", num_reps);
+}
+
 // The sorted keys the optimized representation reads (the key after each representative), checked against
 // the representatives; an empty view where the naive representation needs none.
 inline Pairs scene_pairs(Representation r, const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout,

@@ -78,8 +78,7 @@ at::Tensor cgrx_build_scene_cpu(const at::Tensor& reps, int64_t num_reps, at::In
                                 const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout) {
   const SceneConfig c = scene_from_list(scene);
   const Representation rep = representation_from_int(representation);
-  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
-              "num_reps out of range");
+  check_scene_reps(reps, num_reps);
   const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, reps, num_reps);
   const uint64_t* r = reinterpret_cast<const uint64_t*>(reps.data_ptr<int64_t>());
   const SceneShape s = scene_shape(r, num_reps, c, rep);

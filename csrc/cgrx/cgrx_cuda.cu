@@ -103,8 +103,7 @@ at::Tensor cgrx_build_scene_cuda(const at::Tensor& reps, int64_t num_reps, at::I
                                  const c10::optional<at::Tensor>& pairs, int64_t bucket_size, int64_t layout) {
   const SceneConfig c = scene_from_list(scene);
   const Representation rep = representation_from_int(representation);
-  TORCH_CHECK(reps.scalar_type() == at::kLong && reps.is_contiguous() && num_reps >= 0 && num_reps <= reps.numel(),
-              "num_reps out of range");
+  check_scene_reps(reps, num_reps);
   const c10::cuda::CUDAGuard guard(reps.device());
   const Pairs p = scene_pairs(rep, pairs, bucket_size, layout, reps, num_reps);
   // The shape (how many marker slots) needs the first and last representative on the host: a build-time sync.

@@ -110,7 +110,8 @@ class ChunkedIndex:
         in_place_window: lookups in flight at once where the GPU reads a key-sorted batch's queues in place in
             one launch (0: no limit). Settable.
         cpu_group_queries: the CPU answers small point queues in groups of about this many queries. Settable.
-        build_sort_keys: keys the build sorts at once; ``None``: from ``gpu_budget`` on CUDA, all on the CPU.
+        build_sort_keys: keys the build sorts at once; ``None``: from ``gpu_budget`` on CUDA, all on the CPU. Keys
+            that fit one chunk are not sorted at all.
 
     Lookups: the :class:`~torch_rtindex.Index` protocol, with the answers :class:`CgRXIndex` gives over the same
     keys (range rows in (key, row ID) order), for query batches on the CPU or on ``device``; answers come on the

@@ -111,7 +111,8 @@ class ChunkedConfig:
         cpu_group_queries: the CPU worker answers small point queues in groups of about this many queries, one
             call over all cores (a queue alone would pay its call and a parallel region).
         build_sort_keys: keys the build sorts at once (its splitter ranges); None: from ``gpu_budget`` on CUDA,
-            every key on the CPU. Bounds the build's memory for key sets larger than it.
+            every key on the CPU. Bounds the build's memory for key sets larger than it; keys that fit one chunk
+            are not sorted at all.
         progress: a progress bar for long builds (None: when stderr is a terminal).
     """
 
