@@ -91,3 +91,17 @@ def test_generations_keep_the_previous_one_and_the_manifest_is_checksummed(tmp_p
         f.write("gen-999999.json\n")
     with pytest.raises(ValueError, match="holds no readable ChunkedIndex"):
         load_manifest(tmp_path)
+
+
+def test_equal_indexes_save_equal_files(tmp_path):
+    """Two builds over the same keys save byte-identical chunk files: the blobs' alignment padding is zeroed."""
+    from torch_rtindex import ChunkedIndex
+
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randint(-2**63, 2**63 - 1, (3000,), generator=g)[torch.randint(0, 3000, (3000,), generator=g)]
+    for i in range(2):
+        ChunkedIndex(keys, device="cpu", chunk_bytes=4096, progress=False).save(tmp_path / str(i))
+    names = sorted(p.relative_to(tmp_path / "0") for p in (tmp_path / "0").rglob("*") if p.is_file())
+    assert len(names) > 2
+    for name in names:
+        assert (tmp_path / "0" / name).read_bytes() == (tmp_path / "1" / name).read_bytes(), name

@@ -71,6 +71,10 @@ def pack(tensors: dict[str, torch.Tensor], pin: bool) -> tuple[torch.Tensor, lis
     buf = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
     for (name, *_), view in zip(specs, views(buf, specs).values()):
         view.copy_(tensors[name], non_blocking=True)
+    # The alignment padding is zeroed, so that equal chunks are equal bytes (saved files, their checksums).
+    ends = [off + numel * DTYPES[dtype].itemsize for _, dtype, numel, off in specs]
+    for end, nxt in zip(ends, [spec[3] for spec in specs[1:]] + [size]):
+        buf[end:nxt].zero_()
     return buf, specs
 
 
