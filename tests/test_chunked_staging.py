@@ -47,3 +47,19 @@ def test_a_failed_grow_keeps_the_staging_usable():
         s.take(1, 1 << 58, torch.int64)  # 2 EiB: the allocation fails
     assert s.nbytes() == 0  # the old buffer went, and nothing broken stayed
     assert s.take(1, 8, torch.int64).numel() == 8
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_buffer_is_not_rewritten_while_its_copy_to_the_gpu_may_still_read_it():
+    """Each copy waits behind a spin of the stream; the next take of the slot must wait for it, or the host's
+    next write would reach the GPU in the earlier copy."""
+    s = PinnedStaging(pin=True)
+    stream = torch.cuda.current_stream()
+    out = []
+    for i in range(3):
+        x = s.take(1, 1 << 20, torch.int64)
+        x.fill_(i)
+        torch.cuda._sleep(50_000_000)  # tens of milliseconds of GPU time ahead of the copy
+        out.append(x.to("cuda", non_blocking=True))
+        s.copied(1, stream)
+    assert [(int(o.min()), int(o.max())) for o in out] == [(0, 0), (1, 1), (2, 2)]
