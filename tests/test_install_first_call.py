@@ -255,21 +255,19 @@ def test_bug_report_command():
 
 @pytest.mark.parametrize("capability, rt_cores, want", [((9, 0), None, "radix"), ((8, 0), None, "radix"),
                                                           ((8, 6), True, "optix"), ((8, 6), False, "radix")])
-def test_default_backend_asks_optix_only_where_the_capability_leaves_rt_cores_open(capability, rt_cores, want,
-                                                                                    monkeypatch):
+def test_default_backend_asks_optix_only_where_the_capability_leaves_rt_cores_open(capability, rt_cores, want):
     """A first build's default backend: GPUs whose capability has no RT cores (data-center parts) get the radix
-    table without OptiX's first device context; others ask OptiX. CPU-run with the GPU's answers faked."""
-    from torch_rtindex.cgrx import default_backend
+    table without OptiX's first device context; others ask OptiX. CPU-run with the GPU's answers given."""
+    from torch_rtindex.cgrx import default_backend, gpu_backend
 
     asked = []
 
-    def optix_rt_cores(device):
-        asked.append(device)
+    def optix_rt_cores():
+        asked.append(capability)
         if rt_cores is None:
             raise AssertionError("OptiX asked where the capability tells")
         return rt_cores
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert default_backend(torch.device("cuda", 0), optix_rt_cores) == want
+    assert gpu_backend(capability, optix_rt_cores) == want
     assert len(asked) == (0 if rt_cores is None else 1)
-    assert default_backend(torch.device("cpu"), optix_rt_cores) == "radix"
+    assert default_backend(torch.device("cpu")) == "radix"

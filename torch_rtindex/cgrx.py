@@ -54,12 +54,17 @@ def optix_rt_cores(device: torch.device) -> bool:
         return False  # no usable OptiX: the radix table needs none
 
 
-def default_backend(device: torch.device, rt_cores: Callable[[torch.device], bool] = optix_rt_cores) -> str:
-    """OptiX rays where the GPU has RT cores, the radix table everywhere else. ``rt_cores`` answers for a GPU
-    whose capability does not (:data:`NO_RT_CORES`)."""
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) not in NO_RT_CORES and rt_cores(device):
-        return "optix"
-    return "radix"
+def gpu_backend(capability: tuple[int, int], rt_cores: Callable[[], bool]) -> str:
+    """OptiX rays on a GPU with RT cores, else the radix table. ``rt_cores`` (asking OptiX, whose first device
+    context costs tens of milliseconds) is called only where the capability does not tell (:data:`NO_RT_CORES`)."""
+    return "optix" if tuple(capability) not in NO_RT_CORES and rt_cores() else "radix"
+
+
+def default_backend(device: torch.device) -> str:
+    """The backend of ``backend="auto"`` on ``device``: :func:`gpu_backend` on a GPU, the radix table elsewhere."""
+    if device.type != "cuda":
+        return "radix"
+    return gpu_backend(torch.cuda.get_device_capability(device), lambda: optix_rt_cores(device))
 
 
 def default_layout(backend: str) -> str:

@@ -1,8 +1,9 @@
 // The builds' sorts and scans on CUDA, with CUB compiled into the extension (a first build then loads none of
 // torch's kernels for them). The read-only build's sort, in bounded memory: the caller's keys, mapped to ordered
 // keys where they are read, sorted with their 32-bit positions by CUB's radix sort over two double buffers. Keys
-// of the 32-bit key types stay 32-bit. The buffers the sort ends in are kept, the other two freed at once, so a build holds at most
-// 2 x (key width + 4) bytes per key while sorting (at::sort's stable sort of int64 keys needs about 48).
+// of the 32-bit key types stay 32-bit. The buffers the sort ends in are kept, the other two freed at once, so a
+// build holds at most 2 x (key width + 4) bytes per key while sorting (at::sort's stable sort of int64 keys needs
+// about 48).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -185,7 +185,7 @@ class Builder:
             raise ValueError(f"a chunk would hold {n} keys (one key repeated that often?); a chunk holds < 2^32 - 1")
         base, l2g = place_rows(pairs, self.config.layout, rows_sorted)
         blob, specs = pack({"pairs": pairs, "reps": reps, "table": table, "l2g": l2g}, self.pin)
-        return Chunk((kmin if kmin is not None else 0) if lo is None else lo, n, base, kmin, kmax, specs, blob.numel(), blob)
+        return Chunk(range_start(lo, kmin), n, base, kmin, kmax, specs, blob.numel(), blob)
 
     def build_node_chunk(self, ordered: torch.Tensor, rows: torch.Tensor, lo: int | None) -> Chunk:
         """An updatable chunk: the node chains of :class:`UpdatableCgRXIndex` (bulk-loaded half full, slack
@@ -211,7 +211,15 @@ class Builder:
         nodes, reps, table, used = _ops().cgrx_nodes_load(ordered.contiguous(), local.to(torch.int32), self.config.node_size,
                                                           self.config.growth)
         blob, specs = pack({"nodes": nodes, "reps": reps, "table": table, "l2g": l2g}, self.pin)
-        return Chunk((kmin if kmin is not None else 0) if lo is None else lo, n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes", used=int(used))
+        return Chunk(range_start(lo, kmin), n, base, kmin, kmax, specs, blob.numel(), blob, kind="nodes",
+                     used=int(used))
+
+
+def range_start(lo: int | None, kmin: int | None) -> int:
+    """A chunk's range start: ``lo``, or where None (the whole index in one chunk) its smallest key (0: no key)."""
+    if lo is not None:
+        return lo
+    return kmin if kmin is not None else 0
 
 
 class _Silent:
