@@ -30,6 +30,7 @@ from .calibration import Calibrator
 from .cost import CostModel, Rates
 from .merge import merge
 from .planner import Scheduler, Task
+from .staging import PinnedStaging
 from .stats import Stats
 from .store import TOP, Chunk, ChunkStore, ChunkView, align
 
@@ -100,6 +101,7 @@ class Executor:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
         self.io_stream = None  # CUDA queries: the stream their CPU worker's copies run on
+        self.staging = PinnedStaging(pin=True)  # the CPU's answers on their way to a GPU (used only then)
 
     def rates(self) -> Rates:
         """The rates and fixed times a batch is planned with now (``in_place`` 0 where the GPU does not read
@@ -232,7 +234,7 @@ class Executor:
                 self.cpu_loop(sched, batch, None)
         # ---- merge, in chunk order
         t0 = time.perf_counter()
-        out = merge(form, tasks, q, P, sq, order, piece_q, D, values)
+        out = merge(form, tasks, q, P, sq, order, piece_q, D, values, self.staging if D.type == "cuda" else None)
         tm["merge"] += time.perf_counter() - t0
         for chunk, c in zip(self.store.chunks, counts):
             chunk.heat = 0.5 * chunk.heat + c

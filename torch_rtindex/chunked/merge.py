@@ -6,13 +6,16 @@ from __future__ import annotations
 import torch
 
 from ..results import CappedMatches
+from .staging import PinnedStaging
 from .store import TOP
 
 I64_MAX = 2**63 - 1
 
 
-def merge(form, tasks, q, P, sq, order, piece_q, D, values):
-    """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
+def merge(form, tasks, q, P, sq, order, piece_q, D, values, staging: PinnedStaging | None = None):
+    """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order).
+    ``staging``: where the CPU's point answers are joined on their way to a GPU (else pinned memory from torch's
+    allocator)."""
     if any(not t.result for t in tasks):
         raise RuntimeError("ChunkedIndex: a queue was left unserved (internal scheduler error)")
     if form == "count":  # range counts: each query's pieces summed
@@ -23,7 +26,7 @@ def merge(form, tasks, q, P, sq, order, piece_q, D, values):
     if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
         first = torch.full((q,), -1, dtype=torch.int64, device=D)
         count = torch.zeros(q, dtype=torch.int64, device=D)
-        for idx, f, c in joined(tasks, sq, D):
+        for idx, f, c in joined(tasks, sq, D, staging):
             first.index_copy_(0, idx, f)
             count.index_copy_(0, idx, c)
         return first, count
@@ -69,10 +72,10 @@ def merge(form, tasks, q, P, sq, order, piece_q, D, values):
     return offsets, out_rows
 
 
-def joined(tasks: list, sq: torch.Tensor, D: torch.device):
+def joined(tasks: list, sq: torch.Tensor, D: torch.device, staging: PinnedStaging | None = None):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
-    The CPU's answers cross to D in one pinned copy."""
+    The CPU's answers cross to D in one pinned copy (from ``staging`` where given)."""
     by_device: dict[torch.device, list] = {}
     for t in tasks:
         by_device.setdefault(t.result[1].device, []).append(t)
@@ -82,12 +85,19 @@ def joined(tasks: list, sq: torch.Tensor, D: torch.device):
         parts = []
         for k in (1, 2):
             xs = [t.result[k] for t in ts]
+            n = sum(v.numel() for v in xs)
             if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
-                x = torch.empty(sum(v.numel() for v in xs), dtype=xs[0].dtype, pin_memory=True)
+                if staging is None:
+                    x = torch.empty(n, dtype=xs[0].dtype, pin_memory=True)
+                else:
+                    x = staging.take(k, n, xs[0].dtype)
                 torch.cat(xs, out=x)
+                parts.append(x.to(D, non_blocking=True))
+                if staging is not None:
+                    staging.copied(k, torch.cuda.current_stream(D))
             else:
                 x = torch.cat(xs) if len(xs) > 1 else xs[0]
-            parts.append(x.to(D, non_blocking=D.type == "cuda"))  # to the CPU: waited for, it is read next
+                parts.append(x.to(D))  # to the CPU: waited for, it is read next
         yield idx, parts[0], parts[1]
 
 
