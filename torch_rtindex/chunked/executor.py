@@ -100,8 +100,10 @@ class Executor:
                  stats: Stats) -> None:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
-        self.io_stream = None  # CUDA queries: the stream their CPU worker's copies run on
-        self.ship_stream = None  # and the one its answers go back on (apart: the worker waits for io_stream)
+        # A batch on a CUDA device: the stream its CPU worker's copies of queries run on, and the one its answers
+        # go back on (apart: the worker waits for io_stream). Kept per device: a CPU index may be asked from several.
+        self.io_stream = self.ship_stream = None
+        self.streams: dict[torch.device, tuple] = {}
 
     def rates(self) -> Rates:
         """The rates and fixed times a batch is planned with now (``in_place`` 0 where the GPU does not read
@@ -187,9 +189,10 @@ class Executor:
                 tasks.append(Task(chunk, start, c, not mapped and cache is not None and chunk in cache,
                                    mapped or (cache is not None and align(chunk.nbytes) <= cache.budget)))
             start += c
-        if D.type == "cuda" and self.io_stream is None:
-            self.io_stream = torch.cuda.Stream(D)  # made here, not racing in the worker
-            self.ship_stream = torch.cuda.Stream(D)
+        if D.type == "cuda":  # made here, not racing in the worker
+            if D not in self.streams:
+                self.streams[D] = (torch.cuda.Stream(D), torch.cuda.Stream(D))
+            self.io_stream, self.ship_stream = self.streams[D]
         if D.type == "cpu" and gpu_on and self.config.device.type == "cuda" and P:
             s_lo = s_lo.pin_memory()
             s_hi = None if s_hi is None else s_hi.pin_memory()
