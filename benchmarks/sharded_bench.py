@@ -65,6 +65,8 @@ def parse(argv=None):
                     help="under torchrun: NCCL's CTAs per collective at most (fewer SMs taken from the lookups)")
     ap.add_argument("--min-chunk-queries", type=int, default=None,
                     help="PointRouting.min_chunk_queries (e.g. 1: small runs exercise the pipelined path too)")
+    ap.add_argument("--own-queries", default=None, choices=["auto", "in_place", "routed"],
+                    help="PointRouting.own_queries (default: the library's): where a rank's own queries are answered")
     ap.add_argument("--trace", action="store_true",
                     help="rank 0: the CUDA kernels of one pipelined lookup (torch.profiler), summed by name")
     ap.add_argument("--repeats", type=int, default=5)
@@ -199,7 +201,9 @@ def run_mode(mode: str, a, rank: int, world: int, dev) -> list[dict]:
     parts = [keys_for(r, n, dev, 1) for r in range(world)] if rank == 0 else None
     mine = parts[rank] if parts is not None else keys_for(rank, n, dev, 1)
     t = time.perf_counter()
-    routing = PointRouting(min_chunk_queries=a.min_chunk_queries) if a.min_chunk_queries is not None else None
+    routing_opts = {k: v for k, v in (("min_chunk_queries", a.min_chunk_queries), ("own_queries", a.own_queries))
+                    if v is not None}
+    routing = PointRouting(**routing_opts) if routing_opts else None
     idx = ShardedIndex(mine, index_factory=factory, pipeline=1, point_routing=routing)  # "lookup": stages one by one
     sync(dev)
     build_s = slowest(time.perf_counter() - t, dev)
