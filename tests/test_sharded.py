@@ -1,7 +1,7 @@
-"""ShardedIndex across processes: every check of tests/sharded_worker.py and tests/sharded_sequences.py as a test case of its own, run on a pool
-of processes with torch.distributed initialized once per world size (tests/dist_harness.py): gloo on the CPU
-with 1, 2, 3 and 4 ranks, NCCL on the GPUs where there are enough. Every answer is checked against the numpy
-reference over the concatenated keys."""
+"""ShardedIndex across processes: every check of tests/sharded_worker.py and tests/sharded_sequences.py as a test
+case of its own, run on a pool of processes with torch.distributed initialized once per world size
+(tests/dist_harness.py): gloo on the CPU with 1, 2, 3 and 4 ranks, NCCL on the GPUs where there are enough. Every
+answer is checked against the numpy reference over the concatenated keys."""
 
 from __future__ import annotations
 
