@@ -1,7 +1,7 @@
-"""ShardedIndex across processes: every check of tests/sharded_worker.py as a test case of its own, run on a pool
-of processes with torch.distributed initialized once per world size (tests/dist_harness.py): gloo on the CPU
-with 1, 2, 3 and 4 ranks, NCCL on the GPUs where there are enough. Every answer is checked against the numpy
-reference over the concatenated keys."""
+"""ShardedIndex across processes: every check of tests/sharded_worker.py and tests/sharded_sequences.py as a test
+case of its own, run on a pool of processes with torch.distributed initialized once per world size
+(tests/dist_harness.py): gloo on the CPU with 1, 2, 3 and 4 ranks, NCCL on the GPUs where there are enough. Every
+answer is checked against the numpy reference over the concatenated keys."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_collective_sequences_under_faults(world):
     """Bad input or a fault on each rank in turn at every stage between two collectives, with every rank's
     collectives recorded and compared (gloo is synchronous; the recorder shows the sequences as NCCL would have
     to match them)."""
-    run_on_ranks(world, "sharded_worker:sequences", uuid.uuid4().hex, timeout=600)
+    run_on_ranks(world, "sharded_sequences:sequences", uuid.uuid4().hex, timeout=600)
 
 
 # -------------------------------------------------------------------------------------------- NCCL, GPUs
@@ -118,7 +118,7 @@ def test_nccl_two_gpus(case):
 
 @pytest.mark.skipif(not available(2, "nccl")[0], reason="needs two CUDA GPUs")
 def test_nccl_collective_sequences():
-    run_on_ranks(2, "sharded_worker:sequences", uuid.uuid4().hex, backend="nccl", timeout=600)
+    run_on_ranks(2, "sharded_sequences:sequences", uuid.uuid4().hex, backend="nccl", timeout=600)
 
 
 @pytest.mark.skipif(not available(2, "nccl")[0], reason="needs two CUDA GPUs")

@@ -41,8 +41,7 @@ from torch_rtindex._config import PADDED_HEADER  # noqa: E402
 from torch_rtindex._keys import KEY_TYPES, flip_sign  # noqa: E402
 from torch_rtindex.distributed import ShardedIndex, no_multicast_env  # noqa: E402
 from torch_rtindex.distributed import points  # noqa: E402
-
-KEY_MULTIPLIER = 0x9E3779B97F4A7C15 - (1 << 64)  # as sharded_embedding_bench.py: all keys distinct, all hits
+from sharded_embedding_bench import KEY_MULTIPLIER, capture  # noqa: E402  (the bench's keys and its graph capture)
 
 
 def parse(argv=None):
@@ -86,21 +85,6 @@ def median_us(fn, dev, iters: int) -> float:
     return statistics.median(t.tolist())
 
 
-def replayed(fn, dev):
-    """fn captured once in a CUDA graph (warmed up on a side stream), as its replay."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    sync(dev)
-    return graph.replay
-
-
 def probe(rank: int, world: int, argv: list[str]) -> None:
     a = parse(argv)
     dev = torch.device("cuda", torch.cuda.current_device()) if a.device == "cuda" else torch.device("cpu")
@@ -141,7 +125,7 @@ def probe(rank: int, world: int, argv: list[str]) -> None:
         }
         for name, fn in stages.items():
             eager = median_us(fn, dev, a.iters)
-            graph = median_us(replayed(fn, dev), dev, a.iters) if dev.type == "cuda" else None
+            graph = median_us(capture(fn, dev)[0].replay, dev, a.iters) if dev.type == "cuda" else None
             rows.append((log_ids, name, eager, graph))
         if rank == 0:
             mine = {r[1]: r for r in rows if r[0] == log_ids}
