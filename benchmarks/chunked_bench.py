@@ -77,6 +77,32 @@ class GcTimer:
         self.counts, self.ms = [0, 0, 0], 0.0
         return out
 
+
+class PinTimer:
+    """Pinned host blocks torch's caching host allocator created (cudaHostAlloc) and their milliseconds, read and
+    zeroed by take(): a batch that pins fresh memory pays tens of milliseconds for it. None where this torch does not
+    report them."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev
+        self.last = self._read()
+
+    def _read(self):
+        if self.dev.type != "cuda":
+            return None
+        s = torch.cuda.host_memory_stats()
+        if "num_host_alloc" not in s or "host_alloc_time.total" not in s:
+            return None
+        return s["num_host_alloc"], s["host_alloc_time.total"] / 1e3
+
+    def take(self) -> dict:
+        now = self._read()
+        out = {"pinned_new": None, "pinned_ms": None}
+        if now is not None and self.last is not None:
+            out = {"pinned_new": now[0] - self.last[0], "pinned_ms": now[1] - self.last[1]}
+        self.last = now
+        return out
+
 def zipf_positions(n: int, m: int, s: float, gen: torch.Generator) -> torch.Tensor:
     """m positions in [0, n): rank r drawn with probability ~ r^-s (s = 0: uniform; inverse CDF of the continuous
     law on [1, n + 1]), ranks spread over the key positions by a fixed shuffle, so hot keys are random keys (the
@@ -151,6 +177,7 @@ def main() -> None:
     args = ap.parse_args()
     gc_timer = GcTimer()
     dev = torch.device(args.device)
+    pin_timer = PinTimer(dev)
     cuda = dev.type == "cuda"
     n = 1 << args.log_keys
     batches = [int(x) for x in args.log_lookups.split(",") if x]
@@ -284,8 +311,9 @@ def main() -> None:
                         break  # the slow ones: one timed batch
                     q = keys.index_select(0, pos).to(dev)
                     gc_timer.take()
+                    pin_timer.take()
                     ms, res = run_timed(lambda: index.lookup(q), dev, 1, warmup=0)
-                    collected = gc_timer.take()
+                    collected = {**gc_timer.take(), **pin_timer.take()}
                     last = index.stats()["last_batch"]
                     if i < args.train_batches:
                         continue
@@ -327,7 +355,8 @@ def main() -> None:
                           f"{'ok' if r['time_covers_copies'] else 'TIME < COPIES'})  gpu {r['queries_gpu']} (in place "
                           f"{r['queries_in_place']})  cpu "
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}  merge "
-                          f"{r['time_s']['merge'] * 1e3:.1f} ms  gc {r['gc_collections']} {r['gc_ms']:.1f} ms", flush=True)
+                          f"{r['time_s']['merge'] * 1e3:.1f} ms  gc {r['gc_collections']} {r['gc_ms']:.1f} ms  pinned "
+                          + ("?" if r["pinned_new"] is None else f"{r['pinned_new']} ({r['pinned_ms']:.1f} ms)"), flush=True)
                 mem = index.memory()
                 print(f"{mode:9s} {dist:9s} 2^{log_m} GPU memory: cache {mem['cache'] / 2**30:.2f} GiB, tier "
                       f"{mem['hot'] / 2**30:.2f} GiB, search parts {mem['search'] / 2**30:.2f} GiB; rates: in place "
