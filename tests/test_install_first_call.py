@@ -73,20 +73,26 @@ def test_first_use_imports_no_compiler_stack():
 
 NO_CUDA_AT_IMPORT = r"""
 import json
+import sys
+import threading
 import torch
 
-def refuse(*args, **kwargs):
-    raise AssertionError("CUDA was queried")
+# Every way torch_rtindex could ask the GPU (all initialise CUDA; is_available starts the driver), watched while
+# the package is imported: a call of any of them fails the import.
+names = {"get_device_capability", "get_device_properties", "_lazy_init", "init", "is_available"}
+asked = []
 
-# Every way torch_rtindex could ask the GPU (all initialise CUDA; is_available starts the driver) refuses while
-# the package is imported.
-names = ("get_device_capability", "get_device_properties", "_lazy_init", "init", "is_available")
-saved = {name: getattr(torch.cuda, name) for name in names}
-for name in saved:
-    setattr(torch.cuda, name, refuse)
+def watch(frame, event, arg):
+    if event == "call" and frame.f_code.co_name in names and frame.f_code.co_filename == torch.cuda.__file__:
+        asked.append(frame.f_code.co_name)
+
+sys.setprofile(watch)
+threading.setprofile(watch)
 import torch_rtindex as ti
-for name, f in saved.items():
-    setattr(torch.cuda, name, f)
+sys.setprofile(None)
+threading.setprofile(None)
+if asked:
+    raise AssertionError(f"CUDA was queried: {asked}")
 found = ti.CgRXIndex(torch.tensor([3, 1, 2])).lookup(torch.tensor([2, 5]))
 print(json.dumps({"initialized": torch.cuda.is_initialized(), "count": found.count.tolist()}))
 """
@@ -106,34 +112,33 @@ def _refuse(*args, **kwargs):
     raise AssertionError("CUDA was queried")
 
 
+def gpus(**answers) -> _extension.GpuQueries:
+    """GPU queries that answer as given and refuse the rest (each would initialise CUDA or load NVML)."""
+    fields = ("initialized", "device_count", "capability", "nvml_index", "load_nvml")
+    return _extension.GpuQueries(**{f: answers.get(f, _refuse) for f in fields})
+
+
 def test_jit_build_reads_the_gpu_architecture_without_initialising_cuda(monkeypatch):
     """A CUDA JIT build's digest covers the GPU's architecture and is computed at every import: read through
     NVML while CUDA is not initialised, through torch where NVML cannot tell."""
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", _refuse)  # it starts the driver: never asked
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
-    spec = _extension.extension_spec(True, nvml=lambda: (8, 6))
+    spec = _extension.extension_spec(True, nvml=lambda: (8, 6), gpus=gpus(initialized=lambda: False))
     assert spec.program_arch == "sm_86" and "-gencode=arch=compute_86,code=sm_86" in spec.cuda_cflags
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    spec = _extension.extension_spec(True, nvml=lambda: None)
+    torch_answers = {"device_count": lambda: 1, "capability": lambda device=None: (9, 0)}
+    spec = _extension.extension_spec(True, nvml=lambda: None, gpus=gpus(initialized=lambda: False, **torch_answers))
     assert spec.program_arch == "sm_90" and "-gencode=arch=compute_90,code=sm_90" in spec.cuda_cflags
     # Once CUDA is initialised, torch answers (it is the current device's).
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    assert _extension.extension_spec(True, nvml=_refuse).program_arch == "sm_90"
+    initialized = gpus(initialized=lambda: True, **torch_answers)
+    assert _extension.extension_spec(True, nvml=_refuse, gpus=initialized).program_arch == "sm_90"
 
 
-def test_nvml_capability_is_none_where_nvml_cannot_tell(monkeypatch):
-    import ctypes
+def test_nvml_capability_is_none_where_nvml_cannot_tell():
+    def no_library():
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
 
-    def no_library(name):
-        raise OSError(f"{name}: cannot open shared object file")
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(ctypes, "CDLL", no_library)
-    assert _extension._nvml_capability() is None
+    assert _extension._nvml_capability(gpus(device_count=lambda: 2, nvml_index=lambda i: i,
+                                            load_nvml=no_library)) is None
 
 
 class _FakeNvml:
@@ -163,16 +168,13 @@ class _FakeNvml:
     ([(7, 5), (8, 9)], "PCI_BUS_ID", (7, 5)),  # mixed, CUDA numbers them by bus as NVML does
 ])
 def test_nvml_capability_of_mixed_gpus(capabilities, order, want, monkeypatch):
-    import ctypes
-
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: len(capabilities))
-    monkeypatch.setattr(torch.cuda, "_get_nvml_device_index", lambda i: i)
-    monkeypatch.setattr(ctypes, "CDLL", lambda name: _FakeNvml(capabilities))
+    fake = gpus(device_count=lambda: len(capabilities), nvml_index=lambda i: i,
+                load_nvml=lambda: _FakeNvml(capabilities))
     if order is None:
         monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     else:
         monkeypatch.setenv("CUDA_DEVICE_ORDER", order)
-    assert _extension._nvml_capability() == want
+    assert _extension._nvml_capability(fake) == want
 
 
 @pytest.mark.parametrize("capability, arch", [((8, 0), "sm_80"), ((8, 9), "sm_86"), ((9, 0), "sm_90"),
@@ -183,25 +185,26 @@ def test_program_arch_is_the_newest_the_gpu_runs(capability, arch):
         "a" if arch in ("sm_90", "sm_100") else "")
 
 
-def test_prebuilt_programs_are_chosen_by_the_first_optix_index(monkeypatch):
+def test_prebuilt_programs_are_chosen_by_the_first_optix_index():
     """A wheel's OptiX programs for several architectures: none is chosen at load, the one for the GPU of the
     first index that builds an OptiX scene then (ProgramChoice.register), once."""
     choices = {"rx": {"sm_80": "/w/rx.sm_80.optixir", "sm_90": "/w/rx.sm_90.optixir"},
                "cgrx": {"sm_80": "/w/cgrx.sm_80.optixir", "sm_90": "/w/cgrx.sm_90.optixir"}}
     registered = []  # the runtime's registry is process-wide: these made-up paths must not reach it
-    programs = _extension.ProgramChoice(lambda name, path: registered.append((name, path)))
+    answering = []  # the GPUs' capabilities while the test lets them be asked
+    fake = gpus(device_count=lambda: len(answering),
+                capability=lambda device=None: answering[device] if answering else _refuse())
+    programs = _extension.ProgramChoice(lambda name, path: registered.append((name, path)), fake)
     programs.offer(choices)
     info = {"optix_programs": {}}
-    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
     programs.register(torch.device("cpu"), info["optix_programs"])  # a CPU index needs no programs
     assert info["optix_programs"] == {}
     # One program set per process: chosen for its oldest GPU (device 0, sm_86, here), which every GPU runs.
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: [(8, 6), (9, 0)][device])
+    answering[:] = [(8, 6), (9, 0)]
     programs.register(torch.device("cuda", 1), info["optix_programs"])
     assert info["optix_programs"] == {"rx": "/w/rx.sm_80.optixir", "cgrx": "/w/cgrx.sm_80.optixir"}
     assert sorted(registered) == sorted(info["optix_programs"].items())
-    monkeypatch.setattr(torch.cuda, "get_device_capability", _refuse)
+    answering.clear()
     programs.register(torch.device("cuda", 0), info["optix_programs"])  # registered already: nothing asked
     assert info["optix_programs"]["rx"] == "/w/rx.sm_80.optixir" and len(registered) == 2
 

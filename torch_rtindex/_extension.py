@@ -173,7 +173,29 @@ class BuildSpec:
         return "cuda" if self.with_cuda else "cpu"
 
 
-def _nvml_capability() -> tuple[int, int] | None:
+def _load_nvml():
+    import ctypes
+
+    return ctypes.CDLL("libnvidia-ml.so.1")
+
+
+@dataclass(frozen=True)
+class GpuQueries:
+    """What the build and the program choice ask about the GPUs, each a call (tests give their own answers
+    instead of replacing torch's functions): whether CUDA is initialised, the visible devices, a device's
+    capability (the current one's without an argument), a device's NVML index, and NVML itself."""
+
+    initialized: Callable[[], bool] = lambda: torch.cuda.is_initialized()
+    device_count: Callable[[], int] = lambda: torch.cuda.device_count()
+    capability: Callable[..., tuple[int, int]] = lambda *device: torch.cuda.get_device_capability(*device)
+    nvml_index: Callable[[int], int] = lambda i: torch.cuda._get_nvml_device_index(i)  # honours CUDA_VISIBLE_DEVICES
+    load_nvml: Callable[[], object] = _load_nvml
+
+
+TORCH_GPUS = GpuQueries()
+
+
+def _nvml_capability(gpus: GpuQueries = TORCH_GPUS) -> tuple[int, int] | None:
     """The compute capability of the GPU a JIT build targets, read through NVML, which initialises no CUDA (as
     ``torch.cuda.device_count`` counts devices): that of every visible device where they all agree, else that of
     device 0 where CUDA numbers devices by PCI bus as NVML does (``CUDA_DEVICE_ORDER=PCI_BUS_ID``); None where
@@ -181,11 +203,11 @@ def _nvml_capability() -> tuple[int, int] | None:
     import ctypes
 
     try:
-        count = torch.cuda.device_count()
+        count = gpus.device_count()
         if count == 0:
             return None
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        indices = [torch.cuda._get_nvml_device_index(i) for i in range(count)]  # honours CUDA_VISIBLE_DEVICES
+        nvml = gpus.load_nvml()
+        indices = [gpus.nvml_index(i) for i in range(count)]
         if nvml.nvmlInit_v2() != 0:
             return None
         found = []
@@ -208,25 +230,27 @@ def _nvml_capability() -> tuple[int, int] | None:
     return None  # CUDA's default order puts the fastest GPU first, NVML's the first on the bus
 
 
-def _local_capability(nvml: Callable[[], tuple[int, int] | None]) -> tuple[int, int] | None:
+def _local_capability(nvml: Callable[[], tuple[int, int] | None],
+                      gpus: GpuQueries = TORCH_GPUS) -> tuple[int, int] | None:
     """The compute capability of the GPU a JIT build targets (the current CUDA device), or None without one.
     The build's digest is computed at every import, and import must not initialise CUDA (a process that did
     cannot fork workers that use it): until something else has, the capability is read through NVML."""
     # Not torch.cuda.is_available(): it initialises the driver (cuInit), which is what import must not do.
-    if not torch.cuda.is_initialized():
+    if not gpus.initialized():
         found = nvml()  # before CUDA is initialised the current device is device 0
         if found is not None:
             return found
-    if torch.cuda.device_count() == 0:
+    if gpus.device_count() == 0:
         return None
-    return torch.cuda.get_device_capability()
+    return gpus.capability()
 
 
 def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True,
-                   nvml: Callable[[], tuple[int, int] | None] = _nvml_capability) -> BuildSpec:
+                   nvml: Callable[[], tuple[int, int] | None] = _nvml_capability,
+                   gpus: GpuQueries = TORCH_GPUS) -> BuildSpec:
     """The package's extension. ``jit_arch``: target this machine's GPU (the JIT build; ``nvml`` reads its
-    capability while CUDA is not initialised); a wheel build instead leaves the architectures to
-    ``TORCH_CUDA_ARCH_LIST`` (setup.py)."""
+    capability while CUDA is not initialised, ``gpus`` once it is); a wheel build instead leaves the
+    architectures to ``TORCH_CUDA_ARCH_LIST`` (setup.py)."""
     defines = [f"-DRTINDEX_WITH_CUDA={1 if with_cuda else 0}"]
     # OpenMP: at::parallel_for is a header template whose `omp parallel` only exists where the including file is
     # compiled with -fopenmp; without it every CPU kernel runs on one core. The .cu files get it too, since inline
@@ -236,7 +260,7 @@ def extension_spec(with_cuda: bool, csrc: Path = CSRC, jit_arch: bool = True,
     cuda_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-Xcompiler=-fopenmp", *defines]
     program_arch = ""
     if jit_arch and with_cuda:
-        major, minor = _local_capability(nvml) or (9, 0)
+        major, minor = _local_capability(nvml, gpus) or (9, 0)
         program_arch = f"sm_{major}{minor}"
         if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # else cpp_extension reads it (and the digest records it)
             cuda_flags.append(f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}")
@@ -568,8 +592,8 @@ class ProgramChoice:
     keeps one program set per name, so they are chosen for the oldest GPU of the process (OptiX-IR of an older
     architecture runs on a newer one). A JIT build's programs target this GPU and are registered at load."""
 
-    def __init__(self, set_path: Callable[[str, str], None]) -> None:
-        self._set_path = set_path
+    def __init__(self, set_path: Callable[[str, str], None], gpus: GpuQueries = TORCH_GPUS) -> None:
+        self._set_path, self._gpus = set_path, gpus
         self._pending: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()  # two threads building their first OptiX indexes choose once
 
@@ -584,7 +608,7 @@ class ProgramChoice:
         with self._lock:
             if not self._pending:
                 return
-            capability = min(torch.cuda.get_device_capability(d) for d in range(torch.cuda.device_count()))
+            capability = min(self._gpus.capability(d) for d in range(self._gpus.device_count()))
             for name, by_arch in sorted(self._pending.items()):
                 path = by_arch[pick_program_arch(list(by_arch), capability)]
                 self._set_path(name, path)

@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,7 +39,7 @@ from torch_rtindex._config import PADDED_HEADER  # noqa: E402
 from torch_rtindex._keys import KEY_TYPES, flip_sign  # noqa: E402
 from torch_rtindex.distributed import ShardedIndex, no_multicast_env  # noqa: E402
 from torch_rtindex.distributed import points  # noqa: E402
-from sharded_embedding_bench import KEY_MULTIPLIER, capture  # noqa: E402  (the bench's keys and its graph capture)
+from sharded_embedding_bench import KEY_MULTIPLIER, capture, per_call  # noqa: E402  (the bench's keys, capture, timing)
 
 
 def parse(argv=None):
@@ -53,36 +51,6 @@ def parse(argv=None):
     ap.add_argument("--slack", type=float, default=1.1, help="query_capacity = slack * ids / world + 64")
     ap.add_argument("--iters", type=int, default=200)
     return ap.parse_args(argv)
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def median_us(fn, dev, iters: int) -> float:
-    """Median over calls of the slowest rank's microseconds per call (CUDA events; host clock on the CPU)."""
-    for _ in range(10):
-        fn()
-    sync(dev)
-    dist.barrier()
-    if dev.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        for a, b in events:
-            a.record()
-            fn()
-            b.record()
-        sync(dev)
-        times = [a.elapsed_time(b) * 1e3 for a, b in events]
-    else:
-        times = []
-        for _ in range(iters):
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e6)
-    t = torch.tensor(times, dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return statistics.median(t.tolist())
 
 
 def probe(rank: int, world: int, argv: list[str]) -> None:
@@ -124,8 +92,8 @@ def probe(rank: int, world: int, argv: list[str]) -> None:
             "call": lambda: ix.lookup_fixed(ids, qcap, check=False),
         }
         for name, fn in stages.items():
-            eager = median_us(fn, dev, a.iters)
-            graph = median_us(capture(fn, dev)[0].replay, dev, a.iters) if dev.type == "cuda" else None
+            eager = per_call(fn, dev, 10, a.iters)[0] * 1e6
+            graph = per_call(capture(fn, dev)[0].replay, dev, 10, a.iters)[0] * 1e6 if dev.type == "cuda" else None
             rows.append((log_ids, name, eager, graph))
         if rank == 0:
             mine = {r[1]: r for r in rows if r[0] == log_ids}
