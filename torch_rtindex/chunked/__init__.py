@@ -632,8 +632,8 @@ class ChunkedIndex:
 
     def memory(self) -> dict[str, int]:
         """Bytes: the chunks' host blobs loaded so far, all chunks, the chunk cache's slabs allocated on ``device``
-        less the search parts in them, the hot-key tier, the search parts kept on ``device`` for in-place
-        reads, and the host buffers the CPU's answers cross to ``device`` in (pinned for a GPU)."""
+        less the search parts in them, the hot-key tier and the search parts kept on ``device`` for in-place
+        reads."""
         store, cache = self._store, self._cache
         resident = store.search_resident()
         return {
@@ -642,7 +642,6 @@ class ChunkedIndex:
             "cache": 0 if cache is None else cache.allocated() - resident,
             "hot": self._hot.nbytes(),
             "search": resident,
-            "staging": self._executor.staging.nbytes(),
         }
 
     def chunk_info(self) -> list[dict[str, Any]]:

@@ -28,9 +28,8 @@ from .._grouping import group_by, partition_points
 from .._keys import KEY_TYPES
 from .calibration import Calibrator
 from .cost import CostModel, Rates
-from .merge import merge
+from .merge import merge, ship
 from .planner import Scheduler, Task
-from .staging import PinnedStaging
 from .stats import Stats
 from .store import TOP, Chunk, ChunkStore, ChunkView, align
 
@@ -49,6 +48,7 @@ class Batch:
     D: torch.device
     part_event: Any
     key_order: bool = False  # the queries came sorted by key (Executor.serve's key_order)
+    merging: Any = None  # a GPU batch: the stream its merge runs on (the caller's), which the CPU's answers reach
     copies: list = field(default_factory=list)
     # (start event, end event or seconds, queries, the share of the time that is theirs) per GPU queue or launch
     gpu_lookups: list = field(default_factory=list)
@@ -100,8 +100,10 @@ class Executor:
                  stats: Stats) -> None:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
-        self.io_stream = None  # CUDA queries: the stream their CPU worker's copies run on
-        self.staging = PinnedStaging(pin=True)  # the CPU's answers on their way to a GPU (used only then)
+        # A batch on a CUDA device: the stream its CPU worker's copies of queries run on, and the one its answers
+        # go back on (apart: the worker waits for io_stream). Kept per device: a CPU index may be asked from several.
+        self.io_stream = self.ship_stream = None
+        self.streams: dict[torch.device, tuple] = {}
 
     def rates(self) -> Rates:
         """The rates and fixed times a batch is planned with now (``in_place`` 0 where the GPU does not read
@@ -187,8 +189,10 @@ class Executor:
                 tasks.append(Task(chunk, start, c, not mapped and cache is not None and chunk in cache,
                                    mapped or (cache is not None and align(chunk.nbytes) <= cache.budget)))
             start += c
-        if D.type == "cuda" and self.io_stream is None:
-            self.io_stream = torch.cuda.Stream(D)  # made here, not racing in the worker
+        if D.type == "cuda":  # made here, not racing in the worker
+            if D not in self.streams:
+                self.streams[D] = (torch.cuda.Stream(D), torch.cuda.Stream(D))
+            self.io_stream, self.ship_stream = self.streams[D]
         if D.type == "cpu" and gpu_on and self.config.device.type == "cuda" and P:
             s_lo = s_lo.pin_memory()
             s_hi = None if s_hi is None else s_hi.pin_memory()
@@ -198,7 +202,8 @@ class Executor:
             part_event.record()
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
-        batch = Batch(form, s_lo, s_hi, values, D, part_event, key_order=key_order and qhi is None)
+        batch = Batch(form, s_lo, s_hi, values, D, part_event, key_order=key_order and qhi is None,
+                      merging=torch.cuda.current_stream(D) if D.type == "cuda" else None)
         for t in tasks:
             t.grouped = self.groups(batch, t)
         # The rates the calibration measures (the cache's lookup rate only when stale: the batches measure it).
@@ -234,7 +239,9 @@ class Executor:
                 self.cpu_loop(sched, batch, None)
         # ---- merge, in chunk order
         t0 = time.perf_counter()
-        out = merge(form, tasks, q, P, sq, order, piece_q, D, values, self.staging if D.type == "cuda" else None)
+        if batch.merging is not None:
+            batch.merging.wait_stream(self.ship_stream)  # the CPU's answers (ship), on the GPU, not on the host
+        out = merge(form, tasks, q, P, sq, order, piece_q, D, values)
         tm["merge"] += time.perf_counter() - t0
         for chunk, c in zip(self.store.chunks, counts):
             chunk.heat = 0.5 * chunk.heat + c
@@ -258,6 +265,8 @@ class Executor:
                 else:
                     qlo, qhi = batch.queue(task, cpu, self.io_stream)
                     task.result = self.answer(self.store.host_view(task.chunk), batch, qlo, qhi, cpu)
+                if batch.points and batch.merging is not None:
+                    ship(group, batch.D, self.ship_stream, batch.merging)  # timed as the CPU's work, which it lengthens
                 dt = time.perf_counter() - t0
                 size = sum(t.size for t in group)
                 with self.stats.lock:

@@ -6,16 +6,13 @@ from __future__ import annotations
 import torch
 
 from ..results import CappedMatches
-from .staging import PinnedStaging
 from .store import TOP
 
 I64_MAX = 2**63 - 1
 
 
-def merge(form, tasks, q, P, sq, order, piece_q, D, values, staging: PinnedStaging | None = None):
-    """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order).
-    ``staging``: where the CPU's point answers are joined on their way to a GPU (else pinned memory from torch's
-    allocator)."""
+def merge(form, tasks, q, P, sq, order, piece_q, D, values):
+    """The queues' answers scattered back to the caller's order (pieces of a range merged in chunk order)."""
     if any(not t.result for t in tasks):
         raise RuntimeError("ChunkedIndex: a queue was left unserved (internal scheduler error)")
     if form == "count":  # range counts: each query's pieces summed
@@ -26,7 +23,7 @@ def merge(form, tasks, q, P, sq, order, piece_q, D, values, staging: PinnedStagi
     if form == "lookup" and piece_q is None:  # point lookups: one piece per query, a plain scatter
         first = torch.full((q,), -1, dtype=torch.int64, device=D)
         count = torch.zeros(q, dtype=torch.int64, device=D)
-        for idx, f, c in joined(tasks, sq, D, staging):
+        for idx, f, c in joined(tasks, sq, D):
             first.index_copy_(0, idx, f)
             count.index_copy_(0, idx, c)
         return first, count
@@ -72,10 +69,32 @@ def merge(form, tasks, q, P, sq, order, piece_q, D, values, staging: PinnedStagi
     return offsets, out_rows
 
 
-def joined(tasks: list, sq: torch.Tensor, D: torch.device, staging: PinnedStaging | None = None):
+def ship(tasks: list, D: torch.device, io: torch.cuda.Stream, merging: torch.cuda.Stream) -> None:
+    """Sends the CPU's point answers of ``tasks`` (``result`` = (tag, a, b) on the CPU) to the GPU ``D`` as soon as
+    they are made, so that no copy and no pinning is left for the merge. Each column crosses through a pinned block
+    of torch's caching host allocator, on ``io``; blocks come in size classes and are reused once their copy is done,
+    so a warm index pins nothing new while its CPU's share grows (one buffer for a batch's whole share was pinned
+    afresh whenever the share outgrew it, tens of milliseconds in the merge). The results are then on D, read on
+    ``merging``, which must wait for ``io`` before it reads them."""
+    n = sum(t.size for t in tasks)
+    cols = []
+    for k in (1, 2):
+        host = torch.empty(n, dtype=tasks[0].result[k].dtype, pin_memory=True)
+        torch.cat([t.result[k] for t in tasks], out=host)
+        with torch.cuda.stream(io):
+            col = host.to(D, non_blocking=True)  # the host block is held until this copy is done
+        col.record_stream(merging)  # read there: not handed out again before that
+        cols.append(col)
+    at = 0
+    for t in tasks:
+        t.result = (t.result[0], cols[0][at : at + t.size], cols[1][at : at + t.size])
+        at += t.size
+
+
+def joined(tasks: list, sq: torch.Tensor, D: torch.device):
     """The point answers of ``tasks`` (``result`` = (tag, a, b)) joined per serving device: yields (positions in
     ``sq``'s order, a, b) on D, one scatter per device rather than one per queue (a batch has a queue per chunk).
-    The CPU's answers cross to D in one pinned copy (from ``staging`` where given)."""
+    The CPU's answers to a GPU batch are there already (:func:`ship`)."""
     by_device: dict[torch.device, list] = {}
     for t in tasks:
         by_device.setdefault(t.result[1].device, []).append(t)
@@ -84,20 +103,8 @@ def joined(tasks: list, sq: torch.Tensor, D: torch.device, staging: PinnedStagin
         idx = sq if len(ts) == len(tasks) else torch.cat([sq[t.start : t.start + t.size] for t in ts])
         parts = []
         for k in (1, 2):
-            xs = [t.result[k] for t in ts]
-            n = sum(v.numel() for v in xs)
-            if D.type == "cuda" and dev.type == "cpu":  # joined in pinned memory, then one asynchronous copy
-                if staging is None:
-                    x = torch.empty(n, dtype=xs[0].dtype, pin_memory=True)
-                else:
-                    x = staging.take(k, n, xs[0].dtype)
-                torch.cat(xs, out=x)
-                parts.append(x.to(D, non_blocking=True))
-                if staging is not None:
-                    staging.copied(k, torch.cuda.current_stream(D))
-            else:
-                x = torch.cat(xs) if len(xs) > 1 else xs[0]
-                parts.append(x.to(D))  # to the CPU: waited for, it is read next
+            x = torch.cat([t.result[k] for t in ts]) if len(ts) > 1 else ts[0].result[k]
+            parts.append(x.to(D))  # already on D but for a CPU batch's GPU answers: waited for, read next
         yield idx, parts[0], parts[1]
 
 
