@@ -26,8 +26,6 @@
 #   bash benchmarks/gpu_check.sh sharded    # two GPUs: the NCCL tests, memcheck over the sharded bench's forms at
 #                                           # small sizes, and the bench (NCCL at high priority, 8 chunks, traced)
 #   bash benchmarks/gpu_check.sh scaling    # 2+ GPUs: the bench on two GPUs and on all (weak and strong)
-#   bash benchmarks/gpu_check.sh sharded_bound  # 2+ GPUs: lab/sharded_bound_probe.py twice (a rank's lookups, exchange
-#                                           # and routing with no dependencies, against the 1.7x budget)
 #   bash benchmarks/gpu_check.sh sharded_embedding  # 2+ GPUs: 2^10 / 2^14 / 2^17 IDs per rank per call (2^24 keys per
 #                                           # rank), eager and CUDA-graph replay, against two plain all-to-alls
 #
@@ -158,13 +156,6 @@ case "${1:-}" in
         echo "rc=$? (world $w)"
       done; } 2>&1 | log "sharded_scaling_$commit.log"
     ;;
-  sharded_bound)
-    { header "sharded bound, $(nvidia-smi -L | wc -l) GPUs"
-      for r in 1 2; do
-        torchrun --nproc-per-node="$(nvidia-smi -L | wc -l)" benchmarks/lab/sharded_bound_probe.py --out-dir "$out/bound_r$r"
-      done
-      echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_bound_$commit.log"
-    ;;
   sharded_embedding)
     { header "sharded, embedding-sized calls, $(nvidia-smi -L | wc -l) GPUs"
       python3 -c "import torch_rtindex"  # builds the extension if needed, outside the timeout
@@ -172,7 +163,7 @@ case "${1:-}" in
       echo "rc=$?"; } 2>&1 | grep -vE "^W1|^\*|OMP_NUM_THREADS" | log "sharded_embedding_$commit.log"
     ;;
   *)
-    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_bound|sharded_embedding" >&2
+    echo "usage: bash benchmarks/gpu_check.sh suite|memcheck|small|cgrx|skew|floor|chunked|chunked31|chunked_hot|uniform27|updates|sharded|scaling|sharded_embedding" >&2
     exit 2
     ;;
 esac

@@ -205,7 +205,7 @@ def test_cuda_graph_capture_is_refused_cleanly(gen):
 
 # ------------------------------------------------------------------------------------- fixed-capacity CSR
 def test_optix_operators_are_tagged_cudagraph_unsafe():
-    """OptiX launches cannot be captured (benchmarks/optix_capture_probe.py), so the operators that make them
+    """OptiX launches cannot be captured in a CUDA graph (a probe found so; it was deleted once answered), so the operators that make them
     carry the tag Inductor partitions its CUDA graphs around; the plain-kernel cgRX operators do not."""
     ops = torch.ops.rtindex
     for form in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate"):
