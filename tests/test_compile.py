@@ -205,8 +205,9 @@ def test_cuda_graph_capture_is_refused_cleanly(gen):
 
 # ------------------------------------------------------------------------------------- fixed-capacity CSR
 def test_optix_operators_are_tagged_cudagraph_unsafe():
-    """OptiX launches cannot be captured in a CUDA graph (a probe found so; it was deleted once answered), so the operators that make them
-    carry the tag Inductor partitions its CUDA graphs around; the plain-kernel cgRX operators do not."""
+    """OptiX launches cannot be captured in a CUDA graph (a probe found so, deleted once answered), so the
+    operators that make them carry the tag Inductor partitions its CUDA graphs around; the plain-kernel cgRX
+    operators do not."""
     ops = torch.ops.rtindex
     for form in ("lookup", "lookup_csr", "lookup_csr_capped", "aggregate"):
         assert torch.Tag.cudagraph_unsafe in getattr(ops, f"rx_{form}").default.tags
