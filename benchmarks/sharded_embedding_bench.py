@@ -21,6 +21,7 @@ static input and replayed) on every rank; any wrong answer fails the run after t
 
     torchrun --nproc-per-node=2 benchmarks/sharded_embedding_bench.py         # or: python ... --world 2
     python benchmarks/sharded_embedding_bench.py --device cpu --world 2 --log-keys 12 --log-ids 6,8   # gloo smoke
+    torchrun --nproc-per-node=2 benchmarks/sharded_embedding_bench.py --log-ids 17 --kernels 50   # kernel times
 
 Prints a table and writes JSON to benchmarks/results/<GPU name>/sharded_embedding_<commit>.json (or --out-dir).
 """
@@ -60,6 +61,10 @@ def parse(argv=None):
     ap.add_argument("--slack", type=float, default=1.1, help="query_capacity = slack * ids / world + 64")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--iters", type=int, default=200, help="timed calls per form and size")
+    ap.add_argument("--kernels", type=int, default=0, metavar="CALLS",
+                    help="also profile CALLS calls of the replayed fixed form and of the replayed baseline (the eager "
+                         "fixed form on the CPU) and print each kernel's time per call: where a replayed call's time "
+                         "goes, which its stages cannot be timed apart to show")
     ap.add_argument("--out-dir", default=None)
     return ap.parse_args(argv)
 
@@ -118,6 +123,29 @@ def capture(fn, dev):
     return graph, out
 
 
+def kernel_table(title: str, fn, dev, calls: int, top: int = 12) -> str:
+    """Each kernel's time per call of ``fn`` (GPU time; operators' own CPU time on the CPU) from torch.profiler,
+    the largest ``top``, and their sum against the call's time per call (the rest: gaps between kernels)."""
+    from torch.profiler import ProfilerActivity, profile  # only with --kernels
+
+    cuda = dev.type == "cuda"
+    fn()
+    sync(dev)
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+        sync(dev)
+    wall = (time.perf_counter() - t) / calls
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = sorted((e for e in prof.key_averages() if getattr(e, attr) > 0), key=lambda e: -getattr(e, attr))
+    total = sum(getattr(e, attr) for e in events) / calls
+    lines = [f"{title}: {total:.1f} us of {'kernels' if cuda else 'operators'} per call, "
+             f"{wall * 1e6:.1f} us per call on the host clock (profiled)"]
+    lines += [f"  {getattr(e, attr) / calls:8.2f} us  x{e.count / calls:4.1f}  {e.key[:110]}" for e in events[:top]]
+    return "\n".join(lines)
+
+
 def wrong(rows: torch.Tensor, want: torch.Tensor) -> int:
     return int((rows != want).sum()) if rows.shape == want.shape else want.numel()
 
@@ -154,10 +182,11 @@ def run_size(a, log_ids: int, idx: ShardedIndex, n_total: int, rank: int, world:
 
     remote = (q + q * a.answer_words) * 8 * (world - 1) // world
     record("a2a", timed(a2a), bytes_remote=remote)
+    base_graph = None
     if graphs:
         try:
-            g, _ = capture(a2a, dev)
-            record("a2a_graph", timed(g.replay), bytes_remote=remote)
+            base_graph, _ = capture(a2a, dev)
+            record("a2a_graph", timed(base_graph.replay), bytes_remote=remote)
         except RuntimeError as e:  # say why, and keep going with the other forms
             record("a2a_graph", note=f"capture failed: {type(e).__name__}: {str(e)[:200]}")
     else:
@@ -201,6 +230,17 @@ def run_size(a, log_ids: int, idx: ShardedIndex, n_total: int, rank: int, world:
             bad += wrong(torch.where(res.overflowed, -4, res.answer.first_row), r)
         static.copy_(ids)
         record("lookup_fixed_graph", timed(g.replay), bad, query_capacity=qcap)
+        if a.kernels:  # every rank replays (the graphs hold collectives); rank 0 prints
+            tables = [kernel_table(f"2^{log_ids} lookup_fixed_graph", g.replay, dev, a.kernels)]
+            if base_graph is not None:
+                tables.append(kernel_table(f"2^{log_ids} a2a_graph", base_graph.replay, dev, a.kernels))
+            if rank == 0:
+                print("\n".join(tables), flush=True)
+    if a.kernels and not graphs:
+        t = kernel_table(f"2^{log_ids} lookup_fixed_nocheck", lambda: idx.lookup_fixed(ids, qcap, check=False), dev,
+                         a.kernels)
+        if rank == 0:
+            print(t, flush=True)
 
     base, base_g = out["a2a"]["median_s"], out["a2a_graph"]["median_s"]
     result = []
