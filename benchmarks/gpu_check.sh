@@ -60,12 +60,13 @@ case "${1:-}" in
     ;;
   memcheck)
     # Under the sanitizer a test runs 10-50x slower, so the stage picks the CUDA tests of every kernel family
-    # (lookups of each backend, range counts, node-chunk updates, zero-copy serving) rather than the suite.
+    # (lookups of each backend, range counts, node-chunk updates, zero-copy serving) and of the CPU's answers
+    # crossing to the GPU, rather than the suite.
     { header "memcheck"
       compute-sanitizer --tool memcheck --error-exitcode 3 python3 -m pytest -q -p no:cacheprovider \
         tests/test_opcheck.py tests/test_cgrx.py tests/test_chunked.py tests/test_chunked_queues.py \
-        tests/test_chunked_updates.py tests/test_partition.py \
-        -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or read_in_place or partition or pack or scatter or global_rows or answered_in_groups or queues_operator)) or zero_copy_serving"
+        tests/test_chunked_updates.py tests/test_partition.py tests/test_chunked_ship.py \
+        -k "(cuda and (cgrx_build or cgrx_lookups or rx_lookup or cgrx_cuda_values or range_count_at_the_edges or updatable_random_sequences or read_in_place or partition or pack or scatter or global_rows or answered_in_groups or queues_operator)) or zero_copy_serving or chunked_ship"
       echo "rc=$?"
       # The sharded lookups through NCCL with one rank, one GPU (its worker process is checked too). NCCL's start-up asks
       # for kernel images of other architectures and handles the refusal: API errors are not reported here.
