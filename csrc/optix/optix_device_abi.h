@@ -35,7 +35,7 @@
 
 #include <type_traits>
 
-#include "optix_abi.h"  // OptixTraversableHandle, OptixRayFlags, OptixHitKind, ...
+#include "optix_abi_types.h"  // OptixTraversableHandle, OptixRayFlags, OptixHitKind, ...
 
 namespace rtindex::optix_abi {
 
