@@ -12,7 +12,7 @@ import torch
 
 from .._config import PADDED_HEADER
 from .._grouping import MAX_CUDA_BUCKETS
-from .._keys import KEY_TYPES, flip_sign
+from .._keys import KEY_TYPES
 from . import exchange, forms, header, points, routing, stages
 from .values import check_values, route_values, values_header
 
@@ -188,7 +188,7 @@ def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool
     part_err = None
     try:
         ix._maybe_fault("partition")
-        block, slots = internal.partition_padded(lo, KEY_TYPES[ix.key_type], flip_sign(ix._splitters), qcap)
+        block, slots = internal.partition_padded(lo, KEY_TYPES[ix.key_type], ix._splitters_ordered, qcap)
     except Exception as e:  # noqa: BLE001  (eager: sent as this rank's status, raised after the exchanges)
         if not live:
             raise

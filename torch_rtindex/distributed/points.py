@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .._grouping import MAX_CUDA_BUCKETS
-from .._keys import KEY_TYPES, flip_sign
+from .._keys import KEY_TYPES
 from ..cgrx import CgRXSearch
 from ..results import Aggregate, Lookup
 from . import exchange, header, routing, stages
@@ -196,7 +196,7 @@ def points(ix, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dty
     part_err = None
     try:
         ix._maybe_fault("partition")
-        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[ix.key_type], flip_sign(ix._splitters), C,
+        keys, positions, counts = internal.partition_queries(lo, KEY_TYPES[ix.key_type], ix._splitters_ordered, C,
                                                              r if in_place else -1)
     except Exception as e:  # noqa: BLE001  (reported through the counts exchange)
         part_err = e

@@ -23,6 +23,13 @@ def global_rows_in_shard(local: Any, local_to_global: torch.Tensor, num_rows: in
     return attach is not None and num_rows <= 2**32 and bool(attach(local_to_global))
 
 
+def set_splitters(ix, splitters: torch.Tensor) -> None:
+    """The shard borders (:func:`choose_splitters`' form, which ``searchsorted`` takes) and the same borders as
+    ordered keys (``_splitters_ordered``, which the partition kernels compare), made once here rather than on
+    every call (a kernel per call, also in a captured graph)."""
+    ix._splitters, ix._splitters_ordered = splitters, flip_sign(splitters)
+
+
 def choose_splitters(ix, ordered: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """world - 1 splitters (ordered keys XOR the sign bit, ascending): key k goes to rank
     searchsorted(splitters, k ^ sign, right=True). Chosen from a fixed-size sample of every rank's keys,

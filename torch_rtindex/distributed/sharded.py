@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .._keys import KEY_TYPES, as_key_dtype, check_queries, flip_sign
+from .._keys import KEY_TYPES, as_key_dtype, check_queries
 from ..results import Aggregate, CappedMatches, Lookup, Matches, UpdateResult
 from . import fixed, forms, header, points, updates
 from . import state as _state
@@ -374,7 +374,7 @@ class ShardedIndex:
         """The world - 1 shard borders as keys (the index's key dtype): rank r holds the keys ``k`` with
         ``splitters[r - 1] <= k < splitters[r]`` in the key type's order (rank 0 from the smallest key, the
         last rank up to the largest)."""
-        return header.ops().unmap_keys(flip_sign(self._splitters), KEY_TYPES[self.key_type], self.key_dtype)
+        return header.ops().unmap_keys(self._splitters_ordered, KEY_TYPES[self.key_type], self.key_dtype)
 
     def local_to_global(self) -> torch.Tensor:
         """Global row ID of each local row ID (ascending)."""
@@ -405,7 +405,8 @@ class ShardedIndex:
         return {
             **{f"local_{k}": v for k, v in self._local.memory().items()},
             "local_to_global": nbytes(self._l2g),
-            "bookkeeping": nbytes(self._splitters, self._src, self._seq, self._contrib_owner, *self._value_plan[::2]),
+            "bookkeeping": nbytes(self._splitters, self._splitters_ordered, self._src, self._seq, self._contrib_owner,
+                                  *self._value_plan[::2]),
             "value_cache": nbytes(cache),
         }
 

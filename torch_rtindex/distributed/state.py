@@ -75,7 +75,7 @@ def build(ix, keys: torch.Tensor, key_type: str | None, rows: torch.Tensor | Non
     st = stages.Stages("build", ix.profile, device, ix.rank)
     if rows is None:
         rows = torch.arange(offset, offset + ordered.numel(), dtype=torch.int64, device=device)
-    ix._splitters = routing.choose_splitters(ix, ordered, counts)
+    routing.set_splitters(ix, routing.choose_splitters(ix, ordered, counts))
 
     def route():
         owner = routing.route(ix, ordered)
@@ -197,7 +197,8 @@ def read_state(ix, state: dict[str, Any], dev: torch.device, local_options: dict
 
 
 def adopt_state(ix, state: dict[str, Any], got: tuple) -> None:
-    local, ix.key_dtype, ix._splitters, ix._l2g, ix._src, ix._seq, ix._contrib_owner, spare = got
+    local, ix.key_dtype, splitters, ix._l2g, ix._src, ix._seq, ix._contrib_owner, spare = got
+    routing.set_splitters(ix, splitters)
     ix._local = local
     ix.key_type = state["key_type"]
     ix.sample_size = 4096
