@@ -29,6 +29,9 @@ from rx_bench import git_commit, write_json  # noqa: E402  (same folder)
 
 from torch_rtindex import CgRXIndex, ChunkedIndex  # noqa: E402
 
+# The index's own seconds per batch each batch line shows (stats()["last_batch"]["time_s"], where nonzero): which of
+# the GPU's issue and waits, the CPU worker, the copies, the calibration and the hot tier a slow batch spent on.
+BATCH_TIMES = ("partition", "gpu_issue", "gpu_wait", "cpu", "copy", "calibrate", "hot", "hot_rebuild")
 ODD = 0x9E3779B97F4A7C15 | 1  # multiplier of the position shuffle (odd: a bijection modulo 2^k)
 
 
@@ -356,7 +359,9 @@ def main() -> None:
                           f"{r['queries_in_place']})  cpu "
                           f"{r['queries_cpu']}  hot {r['hot_hits']}  rebuilds {r['hot_rebuilds']}  merge "
                           f"{r['time_s']['merge'] * 1e3:.1f} ms  gc {r['gc_collections']} {r['gc_ms']:.1f} ms  pinned "
-                          + ("?" if r["pinned_new"] is None else f"{r['pinned_new']} ({r['pinned_ms']:.1f} ms)"), flush=True)
+                          + ("?" if r["pinned_new"] is None else f"{r['pinned_new']} ({r['pinned_ms']:.1f} ms)")
+                          + "  ms: " + " ".join(f"{k} {r['time_s'][k] * 1e3:.1f}" for k in BATCH_TIMES
+                                                if r["time_s"].get(k)), flush=True)
                 mem = index.memory()
                 print(f"{mode:9s} {dist:9s} 2^{log_m} GPU memory: cache {mem['cache'] / 2**30:.2f} GiB, tier "
                       f"{mem['hot'] / 2**30:.2f} GiB, search parts {mem['search'] / 2**30:.2f} GiB; rates: in place "
