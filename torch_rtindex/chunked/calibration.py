@@ -108,6 +108,6 @@ class Calibrator:
         """(queries, seconds) of answering each (offset, size) slice of queue ``t`` on S with ``view``."""
         out = []
         for offset, size in slices:
-            qlo, qhi = batch.queue(Task(t.chunk, t.start + offset, size, False, t.fits), S, self.ex.io_stream)
+            qlo, qhi = batch.queue(Task(t.chunk, t.start + offset, size, False, t.fits), S)
             out.append((size, seconds(lambda: self.ex.answer(view, batch, qlo, qhi, S), S)))
         return out

@@ -48,7 +48,11 @@ class Batch:
     D: torch.device
     part_event: Any
     key_order: bool = False  # the queries came sorted by key (Executor.serve's key_order)
-    merging: Any = None  # a GPU batch: the stream its merge runs on (the caller's), which the CPU's answers reach
+    # A batch on a CUDA device: the stream its merge runs on (the caller's), the one its CPU worker's copies of
+    # queries run on (waited for by the worker) and the one the CPU's answers go back on (waited for by the merge).
+    merging: Any = None
+    io_stream: Any = None
+    ship_stream: Any = None
     copies: list = field(default_factory=list)
     # (start event, end event or seconds, queries, the share of the time that is theirs) per GPU queue or launch
     gpu_lookups: list = field(default_factory=list)
@@ -62,7 +66,7 @@ class Batch:
         """Whether the batch is point lookups (first row and count), the workload the planner's rates are for."""
         return self.form == "lookup" and self.s_hi is None
 
-    def queue(self, task: Task, S: torch.device, io: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def queue(self, task: Task, S: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The task's queries on the serving device S."""
         a, b = task.start, task.start + task.size
         lo = self.s_lo[a:b]
@@ -70,20 +74,21 @@ class Batch:
         if S == self.D:
             return lo, hi
         if self.D.type == "cuda":  # to the CPU worker
-            out = self._to_host(lambda: [lo, hi], io)
+            out = self._to_host(lambda: [lo, hi])
             return out[0], out[1]
         return lo.to(S, non_blocking=True), None if hi is None else hi.to(S, non_blocking=True)
 
-    def joined_queues(self, tasks: list[Task], S: torch.device, io: Any) -> torch.Tensor:
+    def joined_queues(self, tasks: list[Task], S: torch.device) -> torch.Tensor:
         """The point queries of ``tasks`` one after the other on S (for :meth:`Executor.answer_group`)."""
         parts = lambda: [torch.cat([self.s_lo[t.start : t.start + t.size] for t in tasks])]  # noqa: E731
         if self.D.type == "cuda" and S.type == "cpu":
-            return self._to_host(parts, io)[0]
+            return self._to_host(parts)[0]
         return parts()[0].to(S)
 
-    def _to_host(self, make, io: Any) -> list:
-        """The tensors ``make()`` returns (made on the I/O stream, after the partition), copied to pinned host
-        memory and waited for: what the CPU worker reads."""
+    def _to_host(self, make) -> list:
+        """The tensors ``make()`` returns (made on the batch's I/O stream, after the partition), copied to pinned
+        host memory and waited for: what the CPU worker reads."""
+        io = self.io_stream
         with torch.cuda.stream(io):
             io.wait_event(self.part_event)
             out = [None if t is None else torch.empty(t.numel(), dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
@@ -100,9 +105,8 @@ class Executor:
                  stats: Stats) -> None:
         self.config, self.key_type, self.store, self.cost, self.stats = config, key_type, store, cost, stats
         self.cache: ChunkCache | None = None  # set by the index once the chunk sizes are known
-        # A batch on a CUDA device: the stream its CPU worker's copies of queries run on, and the one its answers
-        # go back on (apart: the worker waits for io_stream). Kept per device: a CPU index may be asked from several.
-        self.io_stream = self.ship_stream = None
+        # Per CUDA device a batch may come from (a CPU index may be asked from several): its batches' streams for the
+        # CPU worker's copies of queries and for the CPU's answers going back (Batch.io_stream, Batch.ship_stream).
         self.streams: dict[torch.device, tuple] = {}
 
     def rates(self) -> Rates:
@@ -189,10 +193,8 @@ class Executor:
                 tasks.append(Task(chunk, start, c, not mapped and cache is not None and chunk in cache,
                                    mapped or (cache is not None and align(chunk.nbytes) <= cache.budget)))
             start += c
-        if D.type == "cuda":  # made here, not racing in the worker
-            if D not in self.streams:
-                self.streams[D] = (torch.cuda.Stream(D), torch.cuda.Stream(D))
-            self.io_stream, self.ship_stream = self.streams[D]
+        if D.type == "cuda" and D not in self.streams:  # made here, not racing in the worker
+            self.streams[D] = (torch.cuda.Stream(D), torch.cuda.Stream(D))
         if D.type == "cpu" and gpu_on and self.config.device.type == "cuda" and P:
             s_lo = s_lo.pin_memory()
             s_hi = None if s_hi is None else s_hi.pin_memory()
@@ -202,8 +204,10 @@ class Executor:
             part_event.record()
         tm["partition"] += time.perf_counter() - t_start
         # ---- serve: the GPU in this thread, the CPU in a worker, each claiming queues when ready
+        io, back = self.streams.get(D, (None, None))
         batch = Batch(form, s_lo, s_hi, values, D, part_event, key_order=key_order and qhi is None,
-                      merging=torch.cuda.current_stream(D) if D.type == "cuda" else None)
+                      merging=torch.cuda.current_stream(D) if D.type == "cuda" else None, io_stream=io,
+                      ship_stream=back)
         for t in tasks:
             t.grouped = self.groups(batch, t)
         # The rates the calibration measures (the cache's lookup rate only when stale: the batches measure it).
@@ -240,7 +244,7 @@ class Executor:
         # ---- merge, in chunk order
         t0 = time.perf_counter()
         if batch.merging is not None:
-            batch.merging.wait_stream(self.ship_stream)  # the CPU's answers (ship), on the GPU, not on the host
+            batch.merging.wait_stream(batch.ship_stream)  # the CPU's answers (ship), on the GPU, not on the host
         out = merge(form, tasks, q, P, sq, order, piece_q, D, values)
         tm["merge"] += time.perf_counter() - t0
         for chunk, c in zip(self.store.chunks, counts):
@@ -263,10 +267,10 @@ class Executor:
                 if len(group) > 1:
                     self.answer_group([self.store.host_view(t.chunk) for t in group], group, batch, cpu)
                 else:
-                    qlo, qhi = batch.queue(task, cpu, self.io_stream)
+                    qlo, qhi = batch.queue(task, cpu)
                     task.result = self.answer(self.store.host_view(task.chunk), batch, qlo, qhi, cpu)
                 if batch.points and batch.merging is not None:
-                    ship(group, batch.D, self.ship_stream, batch.merging)  # timed as the CPU's work, which it lengthens
+                    ship(group, batch.D, batch.ship_stream, batch.merging)  # timed as the CPU's work: it lengthens it
                 dt = time.perf_counter() - t0
                 size = sum(t.size for t in group)
                 with self.stats.lock:
@@ -342,7 +346,7 @@ class Executor:
                     if view is None:
                         self.answer_group([views[t.chunk] for t in group], group, batch, dev)
                     else:
-                        qlo, qhi = batch.queue(task, dev, self.io_stream)
+                        qlo, qhi = batch.queue(task, dev)
                         task.result = self.answer(view, batch, qlo, qhi, dev)
 
                 timed = batch.in_place_lookups if in_place else batch.gpu_lookups
@@ -434,7 +438,7 @@ class Executor:
         if S == batch.D:
             queries, starts = batch.s_lo, [t.start for t in tasks]
         else:
-            queries = batch.joined_queues(tasks, S, self.io_stream)
+            queries = batch.joined_queues(tasks, S)
             starts = list(itertools.accumulate((t.size for t in tasks[:-1]), initial=0))
         lead = [v.index._lead for v in views]
         first, count = torch.ops.rtindex_internal.cgrx_lookup_queues(

@@ -63,10 +63,10 @@ def fixed_local(ix, fn, shape: tuple[int, int], live: bool, marked: bool):
 def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages, live: bool):
     """Padded exchange of the pieces of ``lo`` / ``hi`` (``k`` columns: 1 for points, 2 for ranges). Returns
     (received data [world * qcap, k], valid slots, global overflow (0-d bool), the received rows with their
-    headers (each rank's routing status), this rank's routing error, and the pieces: (query, owner, valid) of each piece, its position in the send
-    buffer, dropped pieces). No host synchronization. In eager mode (``live``) a failure while routing (out of
-    memory) sends empty blocks and status 1 instead of raising, so that every rank posts both exchanges; the
-    caller raises after the return (:func:`~.exchange.raise_routing`)."""
+    headers (each rank's routing status), this rank's routing error, and the pieces: (query, owner, valid) of
+    each piece, its position in the send buffer, dropped pieces). No host synchronization. In eager mode
+    (``live``) a failure while routing (out of memory) sends empty blocks and status 1 instead of raising, so
+    that every rank posts both exchanges; the caller raises after the return (:func:`~.exchange.raise_routing`)."""
     dev, W = ix.device, ix.world
     err, pieces = None, None
     try:

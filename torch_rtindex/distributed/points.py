@@ -180,7 +180,7 @@ def points(ix, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dty
     overlap the local lookups of other chunks. Where :func:`own_in_place`, this rank's own queries stay
     out of the routing: the local index answers the caller's batch as it lies, while the first chunk's
     queries are in flight, and the owners' answers land over the others; otherwise the answers land in one
-    buffer in send order. Either way they are put in the caller's order chunk by chunk (scatter_answers_into).
+    buffer in send order. Either way one pass puts them in the caller's order (scatter_answers_into).
 
     Every rank posts the same collectives whatever fails where: a failed routing is this rank's status in
     the counts exchange (every rank raises before queries move); a failed local lookup answers exchange.FAILED and
@@ -265,32 +265,16 @@ def points(ix, op: str, lo: torch.Tensor, values: torch.Tensor | None, value_dty
         work = dist.all_to_all_single(dest, ans, send, recv, group=ix.group, async_op=overlap)
         st.moved(ans, dest, recv)
         returns.append((work, ans))  # ans stays referenced until its send is done
-
-    def scatter(c: int) -> None:  # chunk c's answers to the caller's order, once its return has landed
-        if returns[c][0] is not None:
-            returns[c][0].wait()
-        a, b = starts[c], starts[c + 1]
-        if b > a:
-            internal.scatter_answers_into(back[a:b], positions[a:b], first, second)
-
-    # Every chunk but the last in order while the last one's answers travel (the returns run behind all the
-    # queries on the exchange's stream, so a chunk's return is awaited only once every lookup is issued); the
-    # last after the failure flag, which waits for every return anyway.
-    scatter_err = None
-    try:
-        for c in range(C - 1):
-            scatter(c)
-    except Exception as e:  # noqa: BLE001  (this rank's own: it still posts the flag below, then raises)
-        scatter_err = e
     # Whether any rank's local lookup failed: one integer, instead of a pass over every answer.
     failed = torch.zeros(1, dtype=torch.int64, device=ix.device)
     if err is not None:
         failed.fill_(1)
     dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=ix.group)
-    if scatter_err is not None:
-        raise scatter_err
+    for work, _ in returns:
+        if work is not None:
+            work.wait()
     st.mark("local" if overlap else "return")
-    scatter(C - 1)
+    internal.scatter_answers_into(back, positions[:starts[-1]], first, second)
     if err is not None or bool(failed):
         count_col = 0 if "aggregate" in op else 1
         exchange.raise_failed(ix, op, err, back[:, count_col] == exchange.FAILED, [x for row in sc for x in row])
