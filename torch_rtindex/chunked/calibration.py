@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .cost import RATE_QUEUE, calibration_slices
+from .cost import CPU_SLOW_START_S, RATE_QUEUE, calibration_slices, slow_start_slices
 from .planner import Task
 from .store import ChunkView, align
 
@@ -94,6 +94,12 @@ class Calibrator:
         cost = self.ex.cost
         before = (cost.rate[name], cost.fixed_s[name])
         cost.learn(name, samples, batch.points, reset=True)
+        if S.type == "cpu" and cost.fixed_s[name] > CPU_SLOW_START_S:  # the CPU's threads start slowly here
+            more = slow_start_slices(t.size, timed[1][0] + timed[1][1], torch.get_num_threads())
+            if more:
+                slices += samples
+                samples = self.timed(view, batch, S, t, more)
+                cost.learn(name, samples, batch.points, reset=True)
         after = (cost.rate[name], cost.fixed_s[name])
         self.ex.stats.calibration({"way": name, "points": batch.points, "slices": [list(x) for x in slices + samples],
                                    "rate": after[0], "fixed_s": after[1], "set": after != before})

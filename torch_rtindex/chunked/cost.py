@@ -47,6 +47,12 @@ RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # A lookup way's rate that no calibration has set for a kind of batch (its queues too small to time one) is learned
 # from the batches' samples of at least this many lookups (a calibration's smallest queue).
 RATE_MIN_SAMPLE = 256
+# A calibration on the CPU whose fit finds a fixed time above CPU_SLOW_START_S timed slices too short for the host:
+# on GPU machines, calls that start the CPU's threads have taken 3-12 ms for minutes at a time (0.1 ms otherwise;
+# likely idle virtual CPUs waking), more the more threads a call wakes, so 2^15 lookups and an eighth of that priced
+# the CPU at a tenth of its rate, out of every plan. It then times two more slices, up to CPU_SLOW_START_SLICE lookups
+# and an eighth of that, each waking every thread (:func:`slow_start_slices`), and keeps their fit.
+CPU_SLOW_START_S, CPU_SLOW_START_SLICE = 1e-3, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,18 @@ def calibration_slices(size: int, warm: int) -> tuple[tuple[int, int], list[tupl
     two timed slices (up to 2^15 lookups and an eighth of that), no query in two of them."""
     big = min((size - warm) * 8 // 9, 1 << 15)
     return (0, warm), [(warm, big), (warm + big, max(1, big // 8))]
+
+
+def slow_start_slices(size: int, used: int, threads: int) -> list[tuple[int, int]]:
+    """The CPU calibration's two further slices (offset, queries) of a queue of ``size`` queries whose first ``used``
+    the calibration has read (CPU_SLOW_START_S): up to CPU_SLOW_START_SLICE lookups and an eighth of that, both wide
+    enough to start all ``threads`` (256 queries a task), so that they pay the same start-up and their difference is
+    lookups; none where the queue has too few queries left."""
+    big = min((size - used) * 8 // 9, CPU_SLOW_START_SLICE)
+    small = big // 8
+    if small < 256 * threads:
+        return []
+    return [(used, big), (used + big, small)]
 
 
 class CostModel:
