@@ -17,8 +17,6 @@
 namespace rtindex {
 namespace {
 
-constexpr int kItems = 8;  // queries per thread per tile
-constexpr int kTile = kBlock * kItems;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Shared memory of both partition kernels: the splitters, then per bucket a 64-bit base and a 32-bit counter.
@@ -26,10 +24,26 @@ inline size_t partition_smem(int64_t num_splitters, int64_t buckets) {
   return static_cast<size_t>(num_splitters) * 8 + static_cast<size_t>(buckets) * 12;
 }
 
+// Queries per thread per tile: 8 (a block's shared and global atomics serve more queries) once tiles that big
+// still give every multiprocessor two blocks; below that, one, so that a small batch (an embedding call's IDs)
+// spreads over the whole GPU instead of a few blocks that walk their 8 items one after another.
+constexpr int kWideItems = 8;
+
+inline int partition_sms() { return at::cuda::getCurrentDeviceProperties()->multiProcessorCount; }
+
+inline bool wide_tiles(int64_t n) { return n >= int64_t(partition_sms()) * 2 * kBlock * kWideItems; }
+
 // Blocks of the partition kernels: a tile each, at most 8 per multiprocessor (they loop over the tiles).
-inline unsigned partition_grid(int64_t n) {
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + kTile - 1) / kTile, int64_t(sms) * 8)));
+inline unsigned partition_grid(int64_t n, int items) {
+  const int64_t tile = int64_t(kBlock) * items;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((n + tile - 1) / tile, int64_t(partition_sms()) * 8)));
+}
+
+// Calls launch(std::integral_constant<int, Items>) with the tile width wide_tiles picks for n queries.
+template <typename F>
+void with_tile_items(int64_t n, F&& launch) {
+  if (wide_tiles(n)) launch(std::integral_constant<int, kWideItems>{});
+  else launch(std::integral_constant<int, 1>{});
 }
 
 // Lanes of a warp adding one to the same shared counter are served by one atomic (few buckets: a warp's lanes
@@ -45,7 +59,7 @@ __device__ __forceinline__ unsigned warp_claim(unsigned* counters, int bucket) {
   return first + __popc(peers & ((1u << lane) - 1u));
 }
 
-template <KeyType T>
+template <KeyType T, int Items>
 __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t n, const uint64_t* __restrict__ splitters,
                                        int64_t num_splitters, int64_t chunks, int64_t buckets, int64_t skip,
                                        unsigned long long* __restrict__ counts) {
@@ -56,10 +70,11 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
   for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) s_count[b] = 0;
   __syncthreads();
   const uint64_t un = static_cast<uint64_t>(n);
+  constexpr int64_t kTile = int64_t(kBlock) * Items;
   // Tiles are uniform per block (and items per warp), so every lane reaches warp_claim together.
-  for (int64_t tile = blockIdx.x * int64_t(kTile); tile < n; tile += int64_t(gridDim.x) * kTile) {
+  for (int64_t tile = blockIdx.x * kTile; tile < n; tile += int64_t(gridDim.x) * kTile) {
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
+    for (int j = 0; j < Items; ++j) {
       const int64_t i = tile + j * kBlock + threadIdx.x;
       int bucket = -1;
       if (i < n) bucket = static_cast<int>(send_bucket(i, un, chunks, ordered_query<T>(queries, i), s_split, num_splitters, skip));
@@ -76,7 +91,7 @@ __global__ void partition_count_kernel(const void* __restrict__ queries, int64_t
 // key goes to owner d's row after the header at its offset, out_pos[i] = that entry, or -1 past the capacity;
 // the cursors are the rows' count column (each owner's count once done), and the query that lands first past
 // an owner's capacity sets the overflow flag of every row.
-template <KeyType T, bool Padded>
+template <KeyType T, bool Padded, int Items>
 __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64_t n,
                                          const uint64_t* __restrict__ splitters, int64_t num_splitters, int64_t chunks,
                                          int64_t buckets, int64_t skip, unsigned long long* __restrict__ cursor,
@@ -89,15 +104,16 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
   unsigned* s_count = reinterpret_cast<unsigned*>(smem + num_splitters + buckets);
   for (int64_t j = threadIdx.x; j < num_splitters; j += blockDim.x) s_split[j] = splitters[j];
   const uint64_t un = static_cast<uint64_t>(n);
-  for (int64_t tile = blockIdx.x * int64_t(kTile); tile < n; tile += int64_t(gridDim.x) * kTile) {
+  constexpr int64_t kTile = int64_t(kBlock) * Items;
+  for (int64_t tile = blockIdx.x * kTile; tile < n; tile += int64_t(gridDim.x) * kTile) {
     __syncthreads();  // the last tile's s_base reads are done (and, the first time, the splitters are loaded)
     for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) s_count[b] = 0;
     __syncthreads();
-    uint64_t key[kItems];
-    int bucket[kItems];
-    unsigned slot[kItems];
+    uint64_t key[Items];
+    int bucket[Items];
+    unsigned slot[Items];
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
+    for (int j = 0; j < Items; ++j) {
       const int64_t i = tile + j * kBlock + threadIdx.x;
       bucket[j] = -1;
       key[j] = 0;
@@ -114,7 +130,7 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) {
+    for (int j = 0; j < Items; ++j) {
       if (bucket[j] < 0) continue;
       const int64_t i = tile + j * kBlock + threadIdx.x;
       const int64_t at = static_cast<int64_t>(s_base[bucket[j]] + slot[j]);
@@ -144,12 +160,15 @@ void launch_scatter(const at::Tensor& q, int64_t key_type, const at::Tensor& spl
                     at::Tensor& cursor, at::Tensor& keys, at::Tensor& pos, int64_t capacity) {
   const int64_t n = q.numel(), num_splitters = splitters.numel(), buckets = chunks * (num_splitters + 1);
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
-    constexpr KeyType T = decltype(tag)::value;
-    partition_scatter_kernel<T, Padded><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets),
-                                          current_stream()>>>(
-        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
-        buckets, skip, reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
-        reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), capacity);
+    with_tile_items(n, [&](auto items) {
+      constexpr KeyType T = decltype(tag)::value;
+      constexpr int Items = decltype(items)::value;
+      partition_scatter_kernel<T, Padded, Items><<<partition_grid(n, Items), kBlock,
+                                                   partition_smem(num_splitters, buckets), current_stream()>>>(
+          q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
+          buckets, skip, reinterpret_cast<unsigned long long*>(cursor.data_ptr<int64_t>()),
+          reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()), pos.data_ptr<int64_t>(), capacity);
+    });
   });
   RTX_CHECK_LAUNCH();
 }
@@ -169,10 +188,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> partition_queries_cuda(const at::
   if (n == 0) return {keys, positions, counts};
 
   with_query_type(static_cast<uint32_t>(key_type), [&](auto tag) {
-    constexpr KeyType T = decltype(tag)::value;
-    partition_count_kernel<T><<<partition_grid(n), kBlock, partition_smem(num_splitters, buckets), current_stream()>>>(
-        q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
-        buckets, skip, reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()));
+    with_tile_items(n, [&](auto items) {
+      constexpr KeyType T = decltype(tag)::value;
+      constexpr int Items = decltype(items)::value;
+      partition_count_kernel<T, Items><<<partition_grid(n, Items), kBlock, partition_smem(num_splitters, buckets),
+                                         current_stream()>>>(
+          q.data_ptr(), n, reinterpret_cast<const uint64_t*>(splitters.data_ptr<int64_t>()), num_splitters, chunks,
+          buckets, skip, reinterpret_cast<unsigned long long*>(counts.data_ptr<int64_t>()));
+    });
   });
   RTX_CHECK_LAUNCH();
   // Each bucket's first slot: the exclusive scan of the counts (bucket-major order is chunk-major, owner-minor).
