@@ -214,8 +214,10 @@ TORCH_LIBRARY(rtindex_internal, m) {
   // overfull owner fill its block: the first in query order on the CPU, any on CUDA.
   m.def("partition_padded(Tensor queries, int key_type, Tensor splitters, int capacity) -> (Tensor block, Tensor slots)");
   // The answers [m, 2] of the slots back in the caller's order: output j of query i is answers[slots[i], j], or
-  // fill_j where slots[i] is -1 (partition_padded's dropped queries).
-  m.def("gather_answers(Tensor answers, Tensor slots, int fill_first, int fill_second) -> (Tensor, Tensor)");
+  // fill_j where slots[i] is -1 (partition_padded's dropped queries); and whether any row of `received` (the
+  // query exchange's received blocks, [owners, 3 + capacity]) has its overflow flag set (0-d bool), read in
+  // the same launch rather than a reduction kernel of its own.
+  m.def("gather_answers(Tensor answers, Tensor slots, int fill_first, int fill_second, Tensor received) -> (Tensor, Tensor, Tensor overflowed)");
   // Local answers as the [n, 2] int64 rows of the return exchange; `a` (local row IDs, -1 none) goes through
   // local_to_global unless that is empty; `b` is int64 or int32 (a lookup's counts, widened here).
   m.def("pack_answers(Tensor a, Tensor b, Tensor local_to_global) -> Tensor");

@@ -152,21 +152,42 @@ def test_padded_header_is_the_extensions():
         _config.check_against_extension(wider)
 
 
+def received_blocks(flags, capacity=4, device="cpu"):
+    """Padded blocks as the query exchange delivers them, with these overflow flags (column 1)."""
+    block = torch.zeros(len(flags), PADDED_HEADER + capacity, dtype=torch.int64)
+    block[:, 1] = torch.tensor(flags, dtype=torch.int64)
+    return block.to(device)
+
+
 def test_gather_answers(device, gen):
     m, n = 500, 3000
     ans = torch.randint(-(2**62), 2**62, (m, 2), generator=gen)
     slots = torch.randint(-1, m, (n,), generator=gen)
-    first, second = internal.gather_answers(ans.to(device), slots.to(device), -1, -7)
+    first, second, over = internal.gather_answers(ans.to(device), slots.to(device), -1, -7, received_blocks([0, 0, 0], device=device))
     hit = slots >= 0
     assert torch.equal(first.cpu(), torch.where(hit, ans[slots.clamp(min=0), 0], -1))
     assert torch.equal(second.cpu(), torch.where(hit, ans[slots.clamp(min=0), 1], -7))
-    a, b = internal.gather_answers(ans[:0].to(device), slots[:0].to(device), 0, 0)
-    assert a.numel() == 0 and b.numel() == 0
+    assert over.dtype == torch.bool and over.dim() == 0 and not bool(over)
+    a, b, over = internal.gather_answers(ans[:0].to(device), slots[:0].to(device), 0, 0, received_blocks([0, 1], device=device))
+    assert a.numel() == 0 and b.numel() == 0 and bool(over)  # the flag is read with no queries too
     if device.type == "cpu":
         with pytest.raises(RuntimeError, match="past the answers"):
-            internal.gather_answers(ans, torch.tensor([m]), 0, 0)
+            internal.gather_answers(ans, torch.tensor([m]), 0, 0, received_blocks([0]))
     with pytest.raises(RuntimeError, match="answers must be an int64 tensor"):
-        internal.gather_answers(ans.to(device).float(), slots.to(device), 0, 0)
+        internal.gather_answers(ans.to(device).float(), slots.to(device), 0, 0, received_blocks([0], device=device))
+    with pytest.raises(RuntimeError, match="received must be the int64 padded blocks"):
+        internal.gather_answers(ans.to(device), slots.to(device), 0, 0, torch.zeros(2, 2, dtype=torch.int64, device=device))
+
+
+@pytest.mark.parametrize("flags", [[0], [1], [0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 1, 0], [0] * 63 + [1]])
+def test_gather_answers_overflow_flag(device, flags):
+    """The flag is any received row's column 1, also read through a strided view of a wider block."""
+    wide = received_blocks(flags, capacity=9, device=device)
+    ans = torch.zeros(4, 2, dtype=torch.int64, device=device)
+    _, _, over = internal.gather_answers(ans, torch.arange(4, device=device), 0, 0, wide)
+    assert bool(over) == any(flags)
+    _, _, over = internal.gather_answers(ans, torch.arange(4, device=device), 0, 0, wide[:, :PADDED_HEADER + 2])
+    assert bool(over) == any(flags)
 
 
 @pytest.mark.parametrize("b_dtype", [torch.int64, torch.int32])
@@ -252,7 +273,8 @@ def test_opcheck(device, gen):
         (internal.partition_queries, (q, KEY_TYPES["float64"], sp, 2, 1)),
         (internal.global_rows, (torch.arange(10, device=device) - 1, torch.arange(20, dtype=torch.int32, device=device), 5)),
         (internal.partition_padded, (q, KEY_TYPES["float64"], sp, 70)),
-        (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0)),
+        (internal.gather_answers, (torch.arange(20, device=device).view(10, 2), torch.arange(11, device=device) - 1, -1, 0,
+                                   torch.zeros(2, PADDED_HEADER + 3, dtype=torch.int64, device=device))),
     ]:
         if device.type == "cuda" and op in (internal.partition_queries, internal.partition_padded):
             continue  # order within a bucket may differ between the runs opcheck compares

@@ -202,9 +202,10 @@ def _(queries, key_type, splitters, capacity):
 
 
 @register_fake("rtindex_internal::gather_answers")
-def _(answers, slots, fill_first, fill_second):
+def _(answers, slots, fill_first, fill_second, received):
     n = slots.shape[0]
-    return answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64)
+    return (answers.new_empty((n,), dtype=torch.int64), answers.new_empty((n,), dtype=torch.int64),
+            answers.new_empty((), dtype=torch.bool))
 
 
 @register_fake("rtindex_internal::pack_answers")

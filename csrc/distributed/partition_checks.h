@@ -41,11 +41,18 @@ inline void check_padded_args(const at::Tensor& queries, int64_t key_type, const
               "capacity ", capacity, " times ", splitters.numel() + 1, " owners does not fit in 64 bits");
 }
 
-inline void check_gather_args(const at::Tensor& answers, const at::Tensor& slots) {
+// The header column of a padded block that holds its sender's overflow flag.
+constexpr int64_t kPaddedFlagColumn = 1;
+
+inline void check_gather_args(const at::Tensor& answers, const at::Tensor& slots, const at::Tensor& received) {
   TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,
               "answers must be an int64 tensor [m, 2], got ", answers.scalar_type(), " ", answers.sizes());
   TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == at::kLong, "slots must be a 1-D int64 tensor");
+  TORCH_CHECK(received.dim() == 2 && received.size(1) >= kPaddedHeader && received.scalar_type() == at::kLong,
+              "received must be the int64 padded blocks [owners, ", kPaddedHeader, " + capacity], got ",
+              received.scalar_type(), " ", received.sizes());
   check_same_device(answers, slots, "answers", "slots");
+  check_same_device(answers, received, "answers", "received");
 }
 
 // The two answer columns (first row or count, count or sum bits) a call returns, n each.

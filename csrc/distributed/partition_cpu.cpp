@@ -233,10 +233,11 @@ void scatter_answers_into_cpu(const at::Tensor& answers, const at::Tensor& posit
               first.numel() - 1);
 }
 
-// Output j of query i: answers[slots[i], j], or fill_j for slot -1.
-std::tuple<at::Tensor, at::Tensor> gather_answers_cpu(const at::Tensor& answers, const at::Tensor& slots,
-                                                      int64_t fill_first, int64_t fill_second) {
-  check_gather_args(answers, slots);
+// Output j of query i: answers[slots[i], j], or fill_j for slot -1; and whether any received block overflowed.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gather_answers_cpu(const at::Tensor& answers, const at::Tensor& slots,
+                                                                  int64_t fill_first, int64_t fill_second,
+                                                                  const at::Tensor& received) {
+  check_gather_args(answers, slots, received);
   const at::Tensor ans = answers.contiguous(), sl = slots.contiguous();
   const int64_t n = sl.numel(), m = ans.size(0);
   auto [first, second] = answer_columns(n, ans.options());
@@ -259,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor> gather_answers_cpu(const at::Tensor& answers,
     }
   });
   TORCH_CHECK(!bad.load(), "gather_answers: a slot is past the answers (", m, " rows) and not -1");
-  return {first, second};
+  return {first, second, received.select(1, kPaddedFlagColumn).ne(0).any()};
 }
 
 }  // namespace

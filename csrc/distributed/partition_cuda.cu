@@ -230,7 +230,13 @@ at::Tensor vector_rows(const at::Tensor& answers) {
 
 __global__ void gather_answers_kernel(const longlong2* __restrict__ ans, int64_t m, const int64_t* __restrict__ slots,
                                       int64_t n, int64_t fill_first, int64_t fill_second, int64_t* __restrict__ first,
-                                      int64_t* __restrict__ second) {
+                                      int64_t* __restrict__ second, const int64_t* __restrict__ flags, int64_t owners,
+                                      int64_t flag_stride, bool* __restrict__ overflowed) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {  // a handful of owners: one thread, no reduction kernel
+    bool any = false;
+    for (int64_t r = 0; r < owners; ++r) any |= flags[r * flag_stride] != 0;
+    *overflowed = any;
+  }
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = slots[i];
     // Past the answers and not -1 cannot come from partition_padded: filled (the CPU kernel raises).
@@ -241,19 +247,23 @@ __global__ void gather_answers_kernel(const longlong2* __restrict__ ans, int64_t
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> gather_answers_cuda(const at::Tensor& answers, const at::Tensor& slots,
-                                                       int64_t fill_first, int64_t fill_second) {
-  check_gather_args(answers, slots);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gather_answers_cuda(const at::Tensor& answers, const at::Tensor& slots,
+                                                                   int64_t fill_first, int64_t fill_second,
+                                                                   const at::Tensor& received) {
+  check_gather_args(answers, slots, received);
   const c10::cuda::CUDAGuard guard(answers.device());
   const at::Tensor sl = slots.contiguous(), ans = vector_rows(answers);
   const int64_t n = sl.numel();
   auto [first, second] = answer_columns(n, ans.options());
-  if (n == 0) return {first, second};
-  gather_answers_kernel<<<grid_for(n), kBlock, 0, current_stream()>>>(
+  at::Tensor overflowed = at::empty({}, ans.options().dtype(at::kBool));
+  // Launched also for no queries: the flag is read by its first thread.
+  gather_answers_kernel<<<grid_for(std::max<int64_t>(n, 1)), kBlock, 0, current_stream()>>>(
       reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), ans.size(0), sl.data_ptr<int64_t>(), n,
-      fill_first, fill_second, first.data_ptr<int64_t>(), second.data_ptr<int64_t>());
+      fill_first, fill_second, first.data_ptr<int64_t>(), second.data_ptr<int64_t>(),
+      received.data_ptr<int64_t>() + kPaddedFlagColumn * received.stride(1), received.size(0), received.stride(0),
+      overflowed.data_ptr<bool>());
   RTX_CHECK_LAUNCH();
-  return {first, second};
+  return {first, second, overflowed};
 }
 
 template <typename B>

@@ -109,12 +109,12 @@ def padded_block(ix, counts, overflow, err, data) -> torch.Tensor:
 
 def padded_exchange(ix, block: torch.Tensor, st: stages.Stages):
     """The fixed-capacity query exchange: every rank sends every rank its row of ``block`` (see
-    :func:`padded_block`) as it is. Returns (received rows [world, PADDED_HEADER + slots], headers included:
-    column 2 holds each rank's routing status; the overflow flag of any rank (0-d bool))."""
+    :func:`padded_block`) as it is. Returns the received rows [world, PADDED_HEADER + slots], headers included:
+    column 1 holds each rank's overflow flag (any rank's: the call's), column 2 its routing status."""
     st.mark("partition")
     got = a2a(ix, block, None, None, st)
     st.mark("exchange")
-    return got, got[:, 1].any()
+    return got
 
 
 def raise_routing(ix, op: str, err: BaseException | None, received: torch.Tensor, checked: bool) -> None:

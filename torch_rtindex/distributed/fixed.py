@@ -98,7 +98,8 @@ def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages, live: bool)
         counts = torch.zeros(W, dtype=torch.int64, device=dev)
         overflow = torch.zeros((), dtype=torch.bool, device=dev)
         data = torch.zeros((W, qcap * k), dtype=torch.int64, device=dev)
-    got, gover = exchange.padded_exchange(ix, exchange.padded_block(ix, counts, overflow, err, data), st)
+    got = exchange.padded_exchange(ix, exchange.padded_block(ix, counts, overflow, err, data), st)
+    gover = got[:, 1].any()
     rcount = got[:, 0]
     rvalid = (torch.arange(qcap, device=dev)[None] < rcount.clamp(max=qcap)[:, None]).reshape(-1)
     return got[:, PADDED_HEADER:].reshape(W * qcap, k), rvalid, gover, got, err, pieces
@@ -180,7 +181,8 @@ def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool
     the exchange's header in one pass (partition_padded; which queries of an overfull owner fill its block is
     not specified: the CUDA kernel is not stable), the received rows answered as they lie, headers included
     (three answers per source rank never read, instead of a copy without them), so that a query's slot is
-    also its answer's row, and the answers read back by slot in one pass (gather_answers). A failed owner's
+    also its answer's row, and the answers read back by slot in one pass (gather_answers, which also ORs the
+    received overflow flags). A failed owner's
     answers are all exchange.FAILED, its first (a header's) too: the flag. Fixed shapes, no host
     synchronization."""
     dev, W = ix.device, ix.world
@@ -197,15 +199,16 @@ def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool
                                       torch.zeros((), dtype=torch.bool, device=dev), e,
                                       torch.zeros((W, qcap), dtype=torch.int64, device=dev))
         slots = torch.full((lo.numel(),), -1, dtype=torch.int64, device=dev)
-    got, gover = exchange.padded_exchange(ix, block, st)
+    got = exchange.padded_exchange(ix, block, st)
     rlo = got.view(-1)  # the headers and the slots past a block's count: answered, never read
     base = op.removesuffix("_fixed")
     width = PADDED_HEADER + qcap
     count_col = 0 if "aggregate" in op else 1  # a real count is never FAILED (a sum's bits can be)
     back = fixed_answers(ix, op, lambda: points.local_per_query(ix, base, rlo, None, local_values), (W, width * 2),
                          checked, part_err, got, st, live, flag_col=count_col).view(W * width, 2)
-    # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0).
-    first, second = internal.gather_answers(back, slots, -1, 0 if "aggregate" in op else -1)
+    # Dropped queries: first row -1 and count -1 (aggregates: count -1, sum 0). The global overflow flag is
+    # read from the received headers in the same launch.
+    first, second, gover = internal.gather_answers(back, slots, -1, 0 if "aggregate" in op else -1, got)
     st.mark("scatter")
     ix._last_stats = st.stats
     return Fixed(points.point_answer(op, first, second, value_dtype), gover)
