@@ -71,7 +71,12 @@ def test_partition_queries(device, gen, key_type, world, chunks):
         check(q, key_type, sp, chunks, device, skip)
 
 
-@pytest.mark.parametrize("n,chunks", [(0, 1), (0, 4), (1, 1), (3, 8), (5000, 7)])
+# 2^21 + 5 queries: tiles 8 queries wide on a GPU of up to 512 multiprocessors (smaller batches take one per
+# thread, so that they spread over the GPU).
+WIDE = 2**21 + 5
+
+
+@pytest.mark.parametrize("n,chunks", [(0, 1), (0, 4), (1, 1), (3, 8), (5000, 7), (WIDE, 3)])
 def test_partition_queries_sizes(device, gen, n, chunks):
     q = keys_of_type("int64", n, gen)[:n]
     sp = splitters_from(ops.map_keys(q, 0) if n else torch.zeros(1, dtype=torch.int64), 4, gen)
@@ -93,7 +98,16 @@ def test_partition_queries_errors(device):
 @pytest.mark.parametrize("key_type", ["int64", "uint64", "int32", "float64"])
 @pytest.mark.parametrize("world,capacity", [(1, 0), (1, 5000), (2, 1), (3, 700), (7, 3000), (300, 4)])
 def test_partition_padded(device, gen, key_type, world, capacity):
-    q = keys_of_type(key_type, 3000, gen)
+    check_padded(device, gen, key_type, 3000, world, capacity)
+
+
+@pytest.mark.parametrize("capacity", [WIDE // 3, WIDE])
+def test_partition_padded_wide_batches(device, gen, capacity):
+    check_padded(device, gen, "int64", WIDE, 3, capacity)
+
+
+def check_padded(device, gen, key_type, n, world, capacity):
+    q = keys_of_type(key_type, n, gen)
     if key_type in ("int64", "uint64"):
         q = torch.cat([q, torch.tensor([SIGN, 2**63 - 1, 0, -1, 1])])
     ordered = ops.map_keys(q, KEY_TYPES[key_type])
