@@ -83,8 +83,8 @@ const std::vector<at::Tag> kNoTags{};
 
 // The enums and configuration layouts the Python package mirrors (torch_rtindex/_config.py checks them at
 // import, so a change on one side cannot silently shift the meaning of an integer on the other). The enums'
-// names and values come from their definitions (core/config.h enum_schema); last, the width of the header that
-// partition_padded writes in front of each owner's block.
+// names and values come from their definitions (core/config.h enum_schema); last, the columns and the width of
+// the header that partition_padded writes in front of each owner's block.
 std::string config_schema() {
   using rtindex::enum_schema;
   namespace cgrx = rtindex::cgrx;
@@ -93,7 +93,9 @@ std::string config_schema() {
          ";representation:" + enum_schema<cgrx::Representation>() +
          ";cgrx_config:" + rtindex::config_fields_schema(cgrx::kCgrxConfigFields) +
          ";rx_config:" + rtindex::config_fields_schema(rtindex::kRxConfigFields) +
-         ";padded_header:" + std::to_string(rtindex::kPaddedHeader);
+         ";padded_header:" + std::to_string(rtindex::kPaddedHeader) +
+         ";padded_columns:count=" + std::to_string(rtindex::kPaddedCount) +
+         ",overflow=" + std::to_string(rtindex::kPaddedOverflow) + ",status=" + std::to_string(rtindex::kPaddedStatus);
 }
 
 }  // namespace

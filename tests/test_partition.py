@@ -9,7 +9,7 @@ import torch
 from keysets import keys_of_type
 
 from torch_rtindex import _extension
-from torch_rtindex._config import PADDED_HEADER
+from torch_rtindex._config import PADDED_COUNT, PADDED_HEADER, PADDED_OVERFLOW, PADDED_STATUS
 from torch_rtindex._keys import KEY_TYPES
 
 _extension.load()  # the operators are registered by the extension
@@ -116,12 +116,12 @@ def check_padded(device, gen, key_type, n, world, capacity):
     block, slots = block.cpu(), slots.cpu()
     H, width = PADDED_HEADER, PADDED_HEADER + capacity
     assert block.shape == (world, width)
-    counts = block[:, 0]
+    counts = block[:, PADDED_COUNT]
     owner = torch.searchsorted(splitters ^ SIGN, ordered ^ SIGN, right=True)
     # The header: each owner's count, this batch's overflow flag in every row, status 0.
     assert torch.equal(counts, torch.bincount(owner, minlength=world))
     overflow = int(bool((counts > capacity).any()))
-    assert block[:, 1].tolist() == [overflow] * world and block[:, 2].tolist() == [0] * world
+    assert block[:, PADDED_OVERFLOW].tolist() == [overflow] * world and block[:, PADDED_STATUS].tolist() == [0] * world
     flat, kept = block.reshape(-1), slots >= 0
     # Each owner's block holds min(count, capacity) of its own queries, each once, at the slots recorded (the
     # entries of the flattened block, after its owner's header).
@@ -155,8 +155,8 @@ def test_partition_padded_errors(device):
 
 
 def test_padded_header_is_the_extensions():
-    """The Python exchange reads the header partition_padded writes by the width the extension exports; the
-    import check refuses a Python side whose width differs, naming both."""
+    """The Python exchange reads the header partition_padded writes by the width and columns the extension
+    exports; the import check refuses a Python side whose width or columns differ, naming both."""
     from torch_rtindex import _config
 
     _config.check_against_extension()
@@ -164,12 +164,16 @@ def test_padded_header_is_the_extensions():
     with pytest.raises(RuntimeError, match=f"C\\+\\+ 'padded_header:{PADDED_HEADER}' vs Python "
                                            f"'padded_header:{PADDED_HEADER + 1}'"):
         _config.check_against_extension(wider)
+    swapped = _config._schema().replace(f"overflow={PADDED_OVERFLOW},status={PADDED_STATUS}",
+                                        f"overflow={PADDED_STATUS},status={PADDED_OVERFLOW}")
+    with pytest.raises(RuntimeError, match="padded_columns"):
+        _config.check_against_extension(swapped)
 
 
 def received_blocks(flags, capacity=4, device="cpu"):
-    """Padded blocks as the query exchange delivers them, with these overflow flags (column 1)."""
+    """Padded blocks as the query exchange delivers them, with these overflow flags."""
     block = torch.zeros(len(flags), PADDED_HEADER + capacity, dtype=torch.int64)
-    block[:, 1] = torch.tensor(flags, dtype=torch.int64)
+    block[:, PADDED_OVERFLOW] = torch.tensor(flags, dtype=torch.int64)
     return block.to(device)
 
 
@@ -195,7 +199,7 @@ def test_gather_answers(device, gen):
 
 @pytest.mark.parametrize("flags", [[0], [1], [0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 1, 0], [0] * 63 + [1]])
 def test_gather_answers_overflow_flag(device, flags):
-    """The flag is any received row's column 1, also read through a strided view of a wider block."""
+    """The flag is any received row's overflow column, also read through a strided view of a wider block."""
     wide = received_blocks(flags, capacity=9, device=device)
     ans = torch.zeros(4, 2, dtype=torch.int64, device=device)
     _, _, over = internal.gather_answers(ans, torch.arange(4, device=device), 0, 0, wide)

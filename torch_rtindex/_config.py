@@ -45,9 +45,10 @@ CGRX_CONFIG_FIELDS = (("key_type", 3), ("layout", 2), ("bucket_search", 1), ("ba
                       ("bucket_size", 31), ("spare_rows", 1), ("cold", 1))
 RX_CONFIG_FIELDS = (("key_type", 3), ("unique_keys", 1), *SCENE_FIELDS, ("max_range_rays", 31))
 
-# The header columns (count, overflow flag, status) in front of each owner's keys in the sharded index's
-# fixed-capacity exchange block, which partition_padded writes (kPaddedHeader in
-# csrc/distributed/partition_checks.h).
+# The header in front of each owner's keys in the sharded index's fixed-capacity exchange block, which
+# partition_padded writes: its columns (the owner's query count, the sender's overflow flag, the sender's routing
+# status) and their number (kPadded* in csrc/distributed/partition_checks.h).
+PADDED_COUNT, PADDED_OVERFLOW, PADDED_STATUS = 0, 1, 2
 PADDED_HEADER = 3
 
 
@@ -95,11 +96,12 @@ def rx_config(key_type: str, unique_keys: bool, max_range_rays: int, scene: list
 
 def _schema() -> str:
     """config_schema()'s format: each enum's "name=code" pairs, then each configuration's "field:bits", then the
-    exchange block's header width."""
+    exchange block's header width and columns."""
     parts = [f"{name}:" + ",".join(f"{n}={c}" for n, c in table.items()) for name, table in _ENUMS]
     parts += [f"{name}:" + ",".join(f"{f}:{bits}" for f, bits in fields)
               for name, fields in (("cgrx_config", CGRX_CONFIG_FIELDS), ("rx_config", RX_CONFIG_FIELDS))]
     parts.append(f"padded_header:{PADDED_HEADER}")
+    parts.append(f"padded_columns:count={PADDED_COUNT},overflow={PADDED_OVERFLOW},status={PADDED_STATUS}")
     return ";".join(parts)
 
 

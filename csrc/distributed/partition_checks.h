@@ -13,8 +13,12 @@ namespace rtindex {
 
 // The CUDA kernel keeps the splitters and one counter per bucket in shared memory.
 constexpr int64_t kMaxPartitionBuckets = 2048;
-// partition_padded's header columns before each owner's keys: count, overflow flag, status. Exported by
-// config_schema() (ops.cpp); torch_rtindex/_config.py's PADDED_HEADER is checked against it at import.
+// partition_padded's header columns before each owner's keys (the owner's query count, the sender's overflow
+// flag, the sender's routing status) and their number. Exported by config_schema() (ops.cpp); the PADDED_*
+// constants of torch_rtindex/_config.py are checked against them at import.
+constexpr int64_t kPaddedCount = 0;
+constexpr int64_t kPaddedOverflow = 1;
+constexpr int64_t kPaddedStatus = 2;
 constexpr int64_t kPaddedHeader = 3;
 
 inline void check_partition_args(const at::Tensor& queries, int64_t key_type, const at::Tensor& splitters,
@@ -40,9 +44,6 @@ inline void check_padded_args(const at::Tensor& queries, int64_t key_type, const
   TORCH_CHECK(capacity <= std::numeric_limits<int64_t>::max() / (splitters.numel() + 1) - kPaddedHeader,
               "capacity ", capacity, " times ", splitters.numel() + 1, " owners does not fit in 64 bits");
 }
-
-// The header column of a padded block that holds its sender's overflow flag.
-constexpr int64_t kPaddedFlagColumn = 1;
 
 inline void check_gather_args(const at::Tensor& answers, const at::Tensor& slots, const at::Tensor& received) {
   TORCH_CHECK(answers.dim() == 2 && answers.size(1) == 2 && answers.scalar_type() == at::kLong,

@@ -146,8 +146,8 @@ std::tuple<at::Tensor, at::Tensor> partition_padded_cpu(const at::Tensor& querie
   });
   const bool overflow = std::any_of(counts.begin(), counts.end(), [&](int64_t c) { return c > capacity; });
   for (int64_t d = 0; d < world; ++d) {  // the header (the status stays 0)
-    out[d * width] = counts[d];
-    out[d * width + 1] = overflow;
+    out[d * width + kPaddedCount] = counts[d];
+    out[d * width + kPaddedOverflow] = overflow;
   }
   return {block, slots};
 }
@@ -260,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gather_answers_cpu(const at::Tens
     }
   });
   TORCH_CHECK(!bad.load(), "gather_answers: a slot is past the answers (", m, " rows) and not -1");
-  return {first, second, received.select(1, kPaddedFlagColumn).ne(0).any()};
+  return {first, second, received.select(1, kPaddedOverflow).ne(0).any()};
 }
 
 }  // namespace

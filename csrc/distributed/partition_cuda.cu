@@ -126,7 +126,7 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
     __syncthreads();
     for (int64_t b = threadIdx.x; b < buckets; b += blockDim.x) {
       const unsigned c = s_count[b];
-      if (c) s_base[b] = atomicAdd(&cursor[Padded ? b * width : b], static_cast<unsigned long long>(c));
+      if (c) s_base[b] = atomicAdd(&cursor[Padded ? b * width + kPaddedCount : b], static_cast<unsigned long long>(c));
     }
     __syncthreads();
 #pragma unroll
@@ -139,7 +139,7 @@ __global__ void partition_scatter_kernel(const void* __restrict__ queries, int64
         if (at < capacity) out_keys[dst] = key[j];
         out_pos[i] = at < capacity ? dst : -1;
         if (at == capacity)  // one query per overfull owner
-          for (int64_t r = 0; r < buckets; ++r) out_keys[r * width + 1] = 1;
+          for (int64_t r = 0; r < buckets; ++r) out_keys[r * width + kPaddedOverflow] = 1;
       } else {
         out_keys[at] = key[j];
         out_pos[at] = i;
@@ -260,7 +260,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gather_answers_cuda(const at::Ten
   gather_answers_kernel<<<grid_for(std::max<int64_t>(n, 1)), kBlock, 0, current_stream()>>>(
       reinterpret_cast<const longlong2*>(ans.data_ptr<int64_t>()), ans.size(0), sl.data_ptr<int64_t>(), n,
       fill_first, fill_second, first.data_ptr<int64_t>(), second.data_ptr<int64_t>(),
-      received.data_ptr<int64_t>() + kPaddedFlagColumn * received.stride(1), received.size(0), received.stride(0),
+      received.data_ptr<int64_t>() + kPaddedOverflow * received.stride(1), received.size(0), received.stride(0),
       overflowed.data_ptr<bool>());
   RTX_CHECK_LAUNCH();
   return {first, second, overflowed};

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .._config import PADDED_COUNT, PADDED_HEADER, PADDED_OVERFLOW, PADDED_STATUS
 from . import stages
 from . import header, routing
 
@@ -102,15 +103,17 @@ def padded_block(ix, counts, overflow, err, data) -> torch.Tensor:
     d's block (``data`` [world, slots]) behind a header of the block's count, this rank's overflow flag and its
     routing status (1: ``err``); the layout partition_padded writes in place."""
     W = ix.world
-    status = torch.full((W,), int(err is not None), dtype=torch.int64, device=ix.device)
-    head = torch.stack([counts, overflow.to(torch.int64).expand(W), status], dim=1)
+    head = torch.empty((W, PADDED_HEADER), dtype=torch.int64, device=ix.device)
+    head[:, PADDED_COUNT] = counts
+    head[:, PADDED_OVERFLOW] = overflow.to(torch.int64)
+    head[:, PADDED_STATUS] = int(err is not None)
     return torch.cat([head, data], dim=1)
 
 
 def padded_exchange(ix, block: torch.Tensor, st: stages.Stages):
     """The fixed-capacity query exchange: every rank sends every rank its row of ``block`` (see
     :func:`padded_block`) as it is. Returns the received rows [world, PADDED_HEADER + slots], headers included:
-    column 1 holds each rank's overflow flag (any rank's: the call's), column 2 its routing status."""
+    each rank's overflow flag (any rank's is the call's) and routing status."""
     st.mark("partition")
     got = a2a(ix, block, None, None, st)
     st.mark("exchange")
@@ -119,13 +122,13 @@ def padded_exchange(ix, block: torch.Tensor, st: stages.Stages):
 
 def raise_routing(ix, op: str, err: BaseException | None, received: torch.Tensor, checked: bool) -> None:
     """After a fixed-capacity return exchange: the rank whose routing failed raises; with checks every rank
-    does (``received``: the rows of the query exchange, each rank's status in column 2; one host
+    does (``received``: the rows of the query exchange, each rank's status in its header; one host
     synchronization)."""
     if err is not None:
         raise header.ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank {ix.rank}: "
                                 f"{type(err).__name__}: {err}", {ix.rank: str(err)}) from err
-    if checked and bool(received[:, 2].any()):
-        failed = (received[:, 2] != 0).nonzero()[:, 0].tolist()
+    if checked and bool(received[:, PADDED_STATUS].any()):
+        failed = (received[:, PADDED_STATUS] != 0).nonzero()[:, 0].tolist()
         raise header.ShardedIndexError(f"ShardedIndex.{op}: routing the queries failed on rank(s) {failed} (see the error "
                                 "raised there); the index is unchanged")
 

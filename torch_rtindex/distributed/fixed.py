@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._config import PADDED_HEADER
+from .._config import PADDED_COUNT, PADDED_HEADER, PADDED_OVERFLOW
 from .._grouping import MAX_CUDA_BUCKETS
 from .._keys import KEY_TYPES
 from . import exchange, forms, header, points, routing, stages
@@ -99,8 +99,8 @@ def fixed_exchange(ix, lo, hi, k: int, qcap: int, st: stages.Stages, live: bool)
         overflow = torch.zeros((), dtype=torch.bool, device=dev)
         data = torch.zeros((W, qcap * k), dtype=torch.int64, device=dev)
     got = exchange.padded_exchange(ix, exchange.padded_block(ix, counts, overflow, err, data), st)
-    gover = got[:, 1].any()
-    rcount = got[:, 0]
+    gover = got[:, PADDED_OVERFLOW].any()
+    rcount = got[:, PADDED_COUNT]
     rvalid = (torch.arange(qcap, device=dev)[None] < rcount.clamp(max=qcap)[:, None]).reshape(-1)
     return got[:, PADDED_HEADER:].reshape(W * qcap, k), rvalid, gover, got, err, pieces
 
