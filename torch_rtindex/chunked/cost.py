@@ -48,10 +48,10 @@ RATE_STALE, RATE_STALE_MAX, RATE_CONFIRM = 4, 64, 1.5
 # from the batches' samples of at least this many lookups (a calibration's smallest queue).
 RATE_MIN_SAMPLE = 256
 # A calibration on the CPU whose fit finds a fixed time above CPU_SLOW_START_S timed slices too short for the host:
-# on GPU machines, calls that start the CPU's threads have taken 3-12 ms for minutes at a time (0.1 ms otherwise;
-# likely idle virtual CPUs waking), more the more threads a call wakes, so 2^15 lookups and an eighth of that priced
-# the CPU at a tenth of its rate, out of every plan. It then times two more slices, up to CPU_SLOW_START_SLICE lookups
-# and an eighth of that, each waking every thread (:func:`slow_start_slices`), and keeps their fit.
+# on some GPU machines a call that starts the CPU's threads takes milliseconds for minutes at a time (likely idle
+# virtual CPUs waking), more the more threads it wakes, so the two default slices priced the CPU far below its rate,
+# out of every plan (benchmarks/results/). It then times two more slices, up to CPU_SLOW_START_SLICE lookups and an
+# eighth of that, each waking every thread (:func:`slow_start_slices`), and keeps their fit.
 CPU_SLOW_START_S, CPU_SLOW_START_SLICE = 1e-3, 1 << 20
 
 
