@@ -182,9 +182,8 @@ def fixed_points(ix, op, lo, local_values, value_dtype, qcap: int, checked: bool
     not specified: the CUDA kernel is not stable), the received rows answered as they lie, headers included
     (three answers per source rank never read, instead of a copy without them), so that a query's slot is
     also its answer's row, and the answers read back by slot in one pass (gather_answers, which also ORs the
-    received overflow flags). A failed owner's
-    answers are all exchange.FAILED, its first (a header's) too: the flag. Fixed shapes, no host
-    synchronization."""
+    received overflow flags). A failed owner's answers are all exchange.FAILED, its first (a header's) too: the
+    flag. Fixed shapes, no host synchronization."""
     dev, W = ix.device, ix.world
     internal = header.internal()
     part_err = None
